@@ -1,0 +1,135 @@
+"""The normalized tables every parser produces and every analysis consumes.
+
+This module is the public schema of `tracegraph export --parquet`: changing a column here is an
+API change. Times are integer nanoseconds on the rank's own clock (clock offsets between ranks are
+estimated later and kept in the ranks table, never baked into `start_ns`).
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+NO_INT = -1
+"""Sentinel for an unknown integer field (peer, seq, bytes, stream, correlation ...)."""
+
+# --- event kinds -----------------------------------------------------------------------------
+COMPUTE = "compute"  # kernels, AI_CORE / AI_VECTOR tasks
+WAIT = "wait"  # EVENT_WAIT, cudaStreamWaitEvent's device side ("Stream Wait Event")
+RECORD = "record"  # EVENT_RECORD, cudaEventRecord's device side
+COLLECTIVE = "collective"  # allreduce, reducescatter, allgather, alltoall, broadcast, ...
+P2P = "p2p"  # send, recv, batch_send_recv
+MEMCPY = "memcpy"
+COMM_TASK = "comm_task"  # HCCL small tasks (Notify_Wait, Memcpy, ...) inside a comm op
+HOST = "host"  # CPU-side ops, runtime API calls
+MARKER = "marker"  # user annotations, ProfilerStep#N, FWD/BWD ranges
+KINDS = (COMPUTE, WAIT, RECORD, COLLECTIVE, P2P, MEMCPY, COMM_TASK, HOST, MARKER)
+
+# --- lane kinds ------------------------------------------------------------------------------
+STREAM = "stream"  # a device stream (Ascend "Stream N", CUDA stream N)
+COMM = "comm"  # an HCCL group row or plane, a gloo worker thread
+THREAD = "thread"  # a host thread
+LANE_KINDS = (STREAM, COMM, THREAD)
+
+# --- comm types ------------------------------------------------------------------------------
+COMM_TYPES = (
+    "allreduce",
+    "reducescatter",
+    "allgather",
+    "alltoall",
+    "broadcast",
+    "reduce",
+    "gather",
+    "scatter",
+    "barrier",
+    "send",
+    "recv",
+    "batch_send_recv",
+)
+
+EVENTS = pa.schema(
+    [
+        ("rank", pa.int32()),  # global rank
+        ("lane", pa.string()),  # "stream 47", "hccl 3985310405473756128 plane 0", "thread 1234"
+        ("lane_kind", pa.string()),  # one of LANE_KINDS
+        ("stream", pa.int64()),  # device stream id, NO_INT for host/comm lanes
+        ("name", pa.string()),
+        ("kind", pa.string()),  # one of KINDS
+        ("comm", pa.string()),  # one of COMM_TYPES, "" when not communication
+        ("start_ns", pa.int64()),
+        ("dur_ns", pa.int64()),
+        ("group", pa.string()),  # communicator / process group id ("" when unknown)
+        ("peer", pa.int32()),  # global rank of the P2P peer (NO_INT when unknown / not P2P)
+        ("seq", pa.int64()),  # instance index within the group (or P2P pair), NO_INT if unknown
+        ("bytes", pa.int64()),
+        ("dtype", pa.string()),
+        ("correlation", pa.int64()),  # Ascend connection_id / Kineto correlation
+        ("event_id", pa.int64()),  # id linking a wait to its record, when the source has one
+        ("wait_on_stream", pa.int64()),  # stream a wait waits on, when the source says it
+        ("notify_id", pa.string()),  # HCCL notify id of Notify_Record / Notify_Wait tasks
+        ("src_rank", pa.int32()),  # HCCL small task: group-local src rank
+        ("dst_rank", pa.int32()),  # HCCL small task: group-local dst rank (peer of a wait)
+        ("task_type", pa.string()),  # raw task type / category from the source
+        ("step", pa.int32()),  # ProfilerStep number the event falls in, NO_INT if none
+        ("annotation", pa.string()),  # innermost user annotation (e.g. "FWD mb=3"), "" if none
+    ]
+)
+
+GROUPS = pa.schema(
+    [
+        ("group", pa.string()),  # same id as EVENTS.group
+        ("name", pa.string()),  # comm / pg name ("group_name_19", "1", ...)
+        ("desc", pa.string()),  # pg_desc / parallel group name ("pp", "dp_stage0", ...)
+        ("dim", pa.string()),  # inferred parallel dimension: pp, dp, tp, ep, cp, world, ""
+        ("ranks", pa.list_(pa.int32())),  # member global ranks, sorted
+        ("size", pa.int32()),
+        ("source", pa.string()),  # where membership came from
+    ]
+)
+
+RANKS = pa.schema(
+    [
+        ("rank", pa.int32()),
+        ("framework", pa.string()),  # "pytorch", "torch_npu", "mindspore", "msprof"
+        ("format", pa.string()),  # "kineto" or "ascend"
+        ("path", pa.string()),  # the profile within the bundle
+        ("version", pa.string()),  # framework / CANN / torch versions as "k=v;k=v"
+        ("device", pa.string()),
+        ("backend", pa.string()),  # nccl, gloo, hccl
+        ("world_size", pa.int32()),
+        ("clock_base_ns", pa.int64()),  # baseTimeNanoseconds or 0
+        ("clock_offset_ns", pa.int64()),  # estimated offset to subtract to align ranks
+        ("events", pa.int64()),
+    ]
+)
+
+STRING_DEFAULTS = {f.name: "" for f in EVENTS if pa.types.is_string(f.type)}
+INT_DEFAULTS = {
+    f.name: NO_INT for f in EVENTS if pa.types.is_integer(f.type) and f.name not in ("start_ns",)
+}
+
+
+def empty_events() -> pa.Table:
+    """An events table with no rows and the full schema."""
+    return EVENTS.empty_table()
+
+
+def events_table(columns: dict[str, object], rows: int) -> pa.Table:
+    """Build an events table from column arrays, filling absent columns with their defaults."""
+    arrays = []
+    for field in EVENTS:
+        values = columns.get(field.name)
+        if values is None:
+            default = "" if pa.types.is_string(field.type) else NO_INT
+            values = pa.array([default] * rows, type=field.type) if rows else []
+        arrays.append(pa.array(values, type=field.type) if not isinstance(values, pa.Array)
+                      else values.cast(field.type))
+    return pa.Table.from_arrays(arrays, schema=EVENTS)
+
+# --- root-cause categories a bubble is charged to (blame, ground truth, reports, checks) ------
+DP_REDUCTION = "dp_reduction"  # straggling DP / HSDP / FSDP AllReduce or ReduceScatter
+PP_P2P = "pp_p2p"  # pipeline send/recv: a late peer
+EP_ALLTOALL = "ep_alltoall"  # expert-parallel all-to-all dispatch / combine
+COMPUTE_STRAGGLER = "compute_straggler"  # a rank whose compute is slower than its peers
+HOST_LAUNCH = "host_launch"  # the device idles because the host enqueued late
+PIPELINE_FILL = "pipeline_fill"  # inherent pipeline warm-up / cool-down (expected)
+CATEGORIES = (DP_REDUCTION, PP_P2P, EP_ALLTOALL, COMPUTE_STRAGGLER, HOST_LAUNCH, PIPELINE_FILL)
