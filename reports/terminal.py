@@ -1,0 +1,54 @@
+"""Analysis summaries as terminal text: per-step tables and bubble chains like the seed's."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+
+def print_analysis(console: Console, summary: dict[str, object]) -> None:
+    """Step times, bubble time per category, and the top bubbles with their causal chains."""
+    for step in summary["steps"]:
+        table = Table(title=f"step {step['step']}: {step['max_ms']:.1f} ms (slowest rank)")
+        table.add_column("rank")
+        table.add_column("step ms", justify="right")
+        for rank, ms in step["time_ms"].items():
+            table.add_row(rank, f"{ms:.3f}")
+        console.print(table)
+        if step["bubble_ms"]:
+            cats = ", ".join(f"{k} {v:.1f} ms" for k, v in step["bubble_ms"].items())
+            console.print(f"  bubble time by cause: {cats}", highlight=False)
+    offsets = summary["clock_offsets_ns"]
+    if any(offsets.values()):
+        shown = ", ".join(f"rank {r}: {ns / 1e3:+.1f} µs" for r, ns in offsets.items())
+        console.print(f"clock offsets applied: {shown}", highlight=False)
+    if summary["slow_ranks"]:
+        console.print(f"compute stragglers: {summary['slow_ranks']}", highlight=False)
+    total = summary["bubble_count"]
+    console.print(f"\n{len(summary['bubbles'])} of {total} bubbles, longest first:",
+                  highlight=False)
+    for bubble in summary["bubbles"]:
+        console.print(chain_text(bubble), highlight=False, soft_wrap=True)
+
+
+def chain_text(bubble: dict[str, object]) -> str:
+    """One bubble as a readable diagram: the wait, its chain of ranks, each charged interval."""
+    end = bubble["start_ms"] + bubble["dur_ms"]
+    lines = [
+        f"rank {bubble['rank']} {bubble['lane']}  {bubble['name']}  "
+        f"{bubble['start_ms']:.3f} → {end:.3f} ms ({bubble['dur_ms']:.3f} ms)  "
+        f"[{bubble['category']}]",
+        "  chain: " + " ← ".join(f"rank {r}" for r in bubble["chain"]),
+    ]
+    for piece in bubble["intervals"]:
+        note = f"  ({piece['note']})" if piece["note"] else ""
+        lines.append(
+            f"    {piece['start_ms']:.3f}–{piece['end_ms']:.3f} {piece['dur_ms']:9.3f} ms  "
+            f"{piece['category']:<17} rank {piece['rank']} {piece['lane']}  "
+            f"{piece['name'][:60]}{note}")
+    root = bubble.get("root") or {}
+    if root.get("profile_ranks"):
+        ranks = root["profile_ranks"]
+        lines.append(f"  to find the straggler, profile ranks {ranks[:16]}"
+                     + (f" … ({len(ranks)} in all)" if len(ranks) > 16 else ""))
+    return "\n".join(lines)

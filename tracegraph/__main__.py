@@ -1,0 +1,3 @@
+from tracegraph.cli import main
+
+main()

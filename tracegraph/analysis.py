@@ -1,0 +1,163 @@
+"""The whole analysis of a trace: match, align clocks, find and blame bubbles, critical path."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from tracegraph import schema
+from tracegraph.blame import Blamer, Bubble
+from tracegraph.clock import estimate_offsets
+from tracegraph.critical import PathSegment, critical_path
+from tracegraph.match import Matches, match
+from tracegraph.ops import Ops, build_ops
+from tracegraph.trace import Trace
+
+SLOW_RANK_FACTOR = 1.15  # compute busier than this × the median of the other ranks = straggler
+_STEP = re.compile(r"^ProfilerStep#(\d+)$")
+
+
+@dataclass
+class Analysis:
+    """What held each step back, and why."""
+
+    trace: Trace
+    ops: Ops
+    matches: Matches
+    offsets: dict[int, int]  # rank -> ns subtracted to align clocks
+    steps: pd.DataFrame  # rank, step, start, end (aligned ns)
+    bubbles: list[Bubble]
+    critical_paths: dict[int, list[PathSegment]]  # step -> path
+    slow_ranks: set[int]
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def origin(self) -> int:
+        """Aligned ns of time zero for the *_ms values: the first step's earliest start."""
+        if len(self.steps):
+            return int(self.steps["start"].min())
+        return int(self.ops.start.min() - 0) if len(self.ops) else 0
+
+    def blame(self, step: int | None = None) -> dict[str, float]:
+        """ms of bubble charged to each category (all steps, or one)."""
+        totals: dict[str, float] = {}
+        for bubble in self.bubbles:
+            if step is None or bubble.step == step:
+                for category, ns in bubble.by_category().items():
+                    totals[category] = totals.get(category, 0.0) + ns / 1e6
+        return dict(sorted(totals.items(), key=lambda item: -item[1]))
+
+
+def analyze(trace: Trace, *, threshold_ms: float = 1.0) -> Analysis:
+    """Run every stage of the analysis on `trace`."""
+    ops = build_ops(trace.events)
+    matches = match(ops, trace.group_members())
+    offsets = estimate_offsets(ops, matches)
+    shift = ops.frame["rank"].map(offsets).fillna(0).astype("int64").to_numpy()
+    start, end = ops.start - shift, ops.end - shift
+    steps = step_windows(trace.events, offsets)
+    slow = slow_ranks(ops, start, end)
+    blamer = Blamer(ops, matches, start, end, trace.groups, slow)
+    bubbles = find_bubbles(ops, blamer, steps, int(threshold_ms * 1e6))
+    paths = {int(step): critical_path(blamer, _ops_in(start, end, lo, hi), (lo, hi))
+             for step, lo, hi in _step_spans(steps, start, end)}
+    return Analysis(trace=trace, ops=ops, matches=matches, offsets=offsets, steps=steps,
+                    bubbles=bubbles, critical_paths=paths, slow_ranks=slow,
+                    warnings=list(matches.warnings))
+
+
+def step_windows(events: pd.DataFrame, offsets: dict[int, int]) -> pd.DataFrame:
+    """rank, step, start, end of every `ProfilerStep#N` on the aligned clock."""
+    markers = events[(events["kind"] == schema.MARKER)
+                     & events["name"].str.startswith("ProfilerStep#")]
+    rows = []
+    for rank, name, start, dur in markers[["rank", "name", "start_ns", "dur_ns"]].itertuples(
+            index=False):
+        if match_ := _STEP.match(name):
+            aligned = int(start) - offsets.get(int(rank), 0)
+            rows.append((int(rank), int(match_[1]), aligned, aligned + int(dur)))
+    steps = pd.DataFrame(rows, columns=["rank", "step", "start", "end"])
+    return steps.sort_values(["step", "rank"], ignore_index=True).drop_duplicates(
+        ["rank", "step"], keep="last")
+
+
+def slow_ranks(ops: Ops, start: np.ndarray, end: np.ndarray) -> set[int]:
+    """Ranks whose main-lane compute time exceeds the other ranks' median by SLOW_RANK_FACTOR."""
+    frame = ops.frame
+    main = ops.main_lanes()
+    on_main = frame["lane_id"].to_numpy() == frame["rank"].map(main).fillna(-1).to_numpy()
+    busy_kind = frame["kind"].isin([schema.COMPUTE, schema.HOST, schema.MARKER]).to_numpy()
+    busy = pd.Series((end - start)[on_main & busy_kind]).groupby(
+        frame["rank"].to_numpy()[on_main & busy_kind]).sum()
+    slow = set()
+    for rank, ns in busy.items():
+        others = busy.drop(rank)
+        if len(others) and ns > SLOW_RANK_FACTOR * others.median():
+            slow.add(int(rank))
+    return slow
+
+
+def find_bubbles(ops: Ops, blamer: Blamer, steps: pd.DataFrame, threshold_ns: int
+                 ) -> list[Bubble]:
+    """Every wait, idle gap or waiting comm op longer than the threshold on a main lane."""
+    bubbles = []
+    lane_ids = ops.frame["lane_id"].to_numpy()
+    for rank, lane_id in ops.main_lanes().items():
+        idx = np.flatnonzero(lane_ids == lane_id)
+        for step, lo, hi in _rank_steps(steps, rank, blamer, idx):
+            inside = idx[(blamer.end[idx] > lo) & (blamer.start[idx] < hi)]
+            bubbles += _lane_bubbles(blamer, inside, int(step), lo, hi, threshold_ns)
+    return sorted(bubbles, key=lambda b: -b.dur)
+
+
+def _rank_steps(steps: pd.DataFrame, rank: int, blamer: Blamer, idx: np.ndarray):
+    mine = steps[steps["rank"] == rank]
+    if len(mine):
+        return list(mine[["step", "start", "end"]].itertuples(index=False))
+    if not len(idx):
+        return []
+    return [(-1, int(blamer.start[idx].min()), int(blamer.end[idx].max()))]
+
+
+def _lane_bubbles(blamer: Blamer, inside: np.ndarray, step: int, lo: int, hi: int,
+                  threshold_ns: int) -> list[Bubble]:
+    found = []
+    start, end, kind = blamer.start, blamer.end, blamer.kind
+    previous_end = None
+    for i in inside:
+        a, b = max(start[i], lo), min(end[i], hi)
+        if previous_end is not None and a - previous_end > threshold_ns:
+            found.append(_bubble(blamer, i, previous_end, a, step, "idle",
+                                 blamer.gap(i, previous_end, a)))
+        previous_end = b if previous_end is None else max(previous_end, b)
+        if b - a <= threshold_ns:
+            continue
+        if kind[i] in (schema.WAIT, schema.P2P, schema.COLLECTIVE):
+            found.append(_bubble(blamer, i, a, b, step, str(blamer.name[i]),
+                                 blamer.blocked(i, a, b)))
+        elif kind[i] == schema.MARKER and blamer.released_by(i) >= 0:
+            found.append(_bubble(blamer, i, a, b, step, str(blamer.name[i]),
+                                 blamer.blocked_thread(i, a, b)))
+    return found
+
+
+def _bubble(blamer: Blamer, i: int, a: int, b: int, step: int, name: str, intervals) -> Bubble:
+    return Bubble(rank=int(blamer.rank[i]), lane=str(blamer.lane[i]), start=int(a), end=int(b),
+                  name=name, step=step, intervals=intervals)
+
+
+def _step_spans(steps: pd.DataFrame, start: np.ndarray, end: np.ndarray
+                ) -> list[tuple[int, int, int]]:
+    """(step, start, end) over all ranks; the whole trace as step -1 when there are no steps."""
+    if not len(steps):
+        return [(-1, int(start.min()), int(end.max()))] if len(start) else []
+    spans = steps.groupby("step").agg(start=("start", "min"), end=("end", "max"))
+    return [(int(s), int(r.start), int(r.end)) for s, r in spans.iterrows()]
+
+
+def _ops_in(start: np.ndarray, end: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    """Ops that end inside the window (the critical path ends at the latest of them)."""
+    return np.flatnonzero((end > lo) & (end <= hi) & (start < hi))

@@ -1,0 +1,323 @@
+"""Bubble blame: every stall on a main compute lane, decomposed along its causal chain.
+
+A bubble [a, b] ends because some op released it. Walking backward from that op, each part of
+[a, b] is charged to what was really happening then: the releasing op's own execution (a transfer,
+a collective after its last member arrived), earlier compute on the releasing lane (pipeline
+dependency, or a compute straggler), or, recursively, whatever an earlier wait on that lane waited
+for. The walk crosses streams (event waits), ranks (P2P halves, the last member of a collective) and
+threads (a gloo worker and the host op that launched it). See docs/blame.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from tracegraph import schema
+from tracegraph.match import Matches
+from tracegraph.ops import Ops
+
+MAX_DEPTH = 200  # links followed before the rest of an interval is left unexplained
+RELEASE_WINDOW_NS = 300_000  # a host thread resumes this soon after the op it waited on ends
+UNKNOWN = "unknown"
+_DIM_CATEGORY = {"pp": schema.PP_P2P, "dp": schema.DP_REDUCTION, "ep": schema.EP_ALLTOALL}
+_COMM_CATEGORY = {"alltoall": schema.EP_ALLTOALL, "send": schema.PP_P2P, "recv": schema.PP_P2P,
+                  "batch_send_recv": schema.PP_P2P}
+
+
+@dataclass
+class Interval:
+    """A piece of a bubble charged to one root cause."""
+
+    start: int
+    end: int
+    category: str
+    rank: int  # rank of the root op
+    lane: str
+    name: str
+    note: str = ""
+
+    @property
+    def dur(self) -> int:
+        return self.end - self.start
+
+
+@dataclass
+class Bubble:
+    """A stall on a rank's main compute lane and its decomposition."""
+
+    rank: int
+    lane: str
+    start: int
+    end: int
+    name: str  # the waiting op, or "idle" for a gap
+    step: int
+    intervals: list[Interval] = field(default_factory=list)
+
+    @property
+    def dur(self) -> int:
+        return self.end - self.start
+
+    def by_category(self) -> dict[str, int]:
+        """ns charged per category."""
+        totals: dict[str, int] = {}
+        for piece in self.intervals:
+            totals[piece.category] = totals.get(piece.category, 0) + piece.dur
+        return totals
+
+    @property
+    def category(self) -> str:
+        """The category charged the most time."""
+        totals = self.by_category()
+        return max(totals, key=totals.get) if totals else UNKNOWN
+
+    @property
+    def root(self) -> Interval | None:
+        """The longest interval of the dominant category."""
+        pieces = [p for p in self.intervals if p.category == self.category]
+        return max(pieces, key=lambda p: p.dur) if pieces else None
+
+    def chain(self) -> list[int]:
+        """Ranks in causal order: this rank, then each rank the explanation reached."""
+        ranks = [self.rank]
+        for piece in sorted(self.intervals, key=lambda p: -p.start):
+            if piece.rank not in ranks:
+                ranks.append(piece.rank)
+        return ranks
+
+
+class Blamer:
+    """Explains intervals of time on any lane by following binding dependencies."""
+
+    def __init__(self, ops: Ops, matches: Matches, start: np.ndarray, end: np.ndarray,
+                 groups: pd.DataFrame, slow_ranks: set[int]) -> None:
+        frame = ops.frame
+        self.ops, self.matches, self.start, self.end = ops, matches, start, end
+        self.kind = frame["kind"].to_numpy()
+        self.rank = frame["rank"].to_numpy()
+        self.lane = frame["lane"].to_numpy()
+        self.name = frame["name"].to_numpy()
+        self.prev = ops.lane_prev()
+        self.mode = ops.lanes["mode"].to_numpy()[frame["lane_id"].to_numpy()]
+        self.slow_ranks = slow_ranks
+        self.comm_category = _comm_categories(frame, groups)
+        self.unprofiled = _unprofiled_members(len(frame), matches.instances)
+        self.group = frame["group"].to_numpy()
+        self._other_lane_ends = _ends_by_rank(frame, end)
+
+    # --- entry points ------------------------------------------------------------------------
+    def blocked(self, i: int, a: int, b: int, depth: int = 0) -> list[Interval]:
+        """Explain [a, b] inside blocking op `i` (a wait, a P2P half, a collective member)."""
+        out: list[Interval] = []
+        self._blocked(i, a, b, depth, out)
+        return _merge(out)
+
+    def gap(self, n: int, a: int, b: int) -> list[Interval]:
+        """Explain [a, b], idle time on op `n`'s lane just before `n`."""
+        out: list[Interval] = []
+        self._gap(n, a, b, 0, out)
+        return _merge(out)
+
+    def blocked_thread(self, k: int, a: int, b: int) -> list[Interval]:
+        """Explain [a, b], a host thread inside annotation `k` but in no op."""
+        out: list[Interval] = []
+        self._idle_thread(k, a, b, 0, out)
+        return _merge(out)
+
+    def released_by(self, i: int) -> int:
+        """For a host-thread stretch with no op (a marker-only segment or gap) ending at
+        end[i]: the op on another lane of the rank whose end released it, or -1."""
+        return self._releaser(int(self.rank[i]), self.ops.frame.at[i, "lane_id"], self.end[i])
+
+    # --- the walk ----------------------------------------------------------------------------
+    def _blocked(self, i: int, a: int, b: int, depth: int, out: list[Interval]) -> None:
+        if b <= a:
+            return
+        d = self.matches.dep[i]
+        if d >= 0 and depth < MAX_DEPTH:
+            release = self._release(i, d)
+            if release > a:
+                cut = min(b, release)
+                first_new = len(out)
+                self._released(i, d, a, cut, depth + 1, out)
+                if self.kind[i] == schema.WAIT and len(out) > first_new and cut < b:
+                    last = max(range(first_new, len(out)), key=lambda k: out[k].end)
+                    out[last] = _extended(out[last], b)  # the wake-up latency
+                else:
+                    self._charge_self(i, cut, b, out)
+                return
+        self._charge_self(i, a, b, out)
+
+    def _release(self, i: int, d: int) -> int:
+        """When dependency `d` let op `i` go on."""
+        return self.end[d] if self.matches.how[i] == "event_id" else self.start[d]
+
+    def _released(self, i: int, d: int, a: int, b: int, depth: int, out: list[Interval]) -> None:
+        """Explain [a, b] during which `i` waited for `d` (b <= release of d)."""
+        if self.matches.how[i] == "event_id":  # d is the producer op: it ran, then released
+            lo = max(a, self.start[d])
+            if lo < b:
+                self._op(d, lo, b, depth, out)
+            b = min(b, self.start[d])
+        if b > a:
+            self._before(d, a, b, depth, out)
+
+    def _before(self, j: int, a: int, b: int, depth: int, out: list[Interval]) -> None:
+        """Explain [a, b] (b <= start[j]) by what op j's lane did before j."""
+        if depth >= MAX_DEPTH:
+            self._charge(UNKNOWN, j, a, b, out, "causal chain too deep")
+            return
+        nxt, k = j, self.prev[j]
+        while b > a:
+            gap_lo = max(a, self.end[k]) if k >= 0 else a
+            gap_hi = min(b, self.start[nxt])
+            if gap_hi > gap_lo:
+                self._gap(nxt, gap_lo, gap_hi, depth + 1, out)
+            if k < 0 or self.end[k] <= a:
+                return
+            lo, hi = max(a, self.start[k]), min(b, self.end[k])
+            if hi > lo:
+                self._op(k, lo, hi, depth + 1, out)
+            b = min(b, self.start[k])
+            nxt, k = k, self.prev[k]
+
+    def _op(self, k: int, a: int, b: int, depth: int, out: list[Interval]) -> None:
+        """Explain [a, b] while op k occupied its lane."""
+        kind = self.kind[k]
+        if kind in (schema.WAIT, schema.COLLECTIVE, schema.P2P):
+            self._blocked(k, a, b, depth, out)
+        elif kind == schema.MARKER and self.mode[k] == schema.THREAD:
+            self._idle_thread(k, a, b, depth, out)
+        else:
+            self._charge_compute(k, a, b, out)
+
+    def _gap(self, n: int, a: int, b: int, depth: int, out: list[Interval]) -> None:
+        """Explain [a, b]: n's lane idle before n."""
+        p = self.prev[n]
+        if p >= 0 and self.kind[p] == schema.WAIT and self.matches.dep[p] >= 0:
+            release = self._release(p, self.matches.dep[p])
+            if release > a and depth < MAX_DEPTH:  # a stream wait whose device side shows as a gap
+                cut = min(b, release)
+                self._released(p, self.matches.dep[p], a, cut, depth + 1, out)
+                a = cut
+        launcher = self.matches.launcher[n] if len(self.matches.launcher) else -1
+        if b > a and launcher >= 0 and self.start[launcher] < b:
+            lo = max(a, self.start[launcher])
+            self._charge(schema.HOST_LAUNCH, launcher, lo, b, out)
+            b = lo
+            if b > a:
+                self._before(launcher, a, b, depth + 1, out)
+            return
+        if b > a and self.mode[n] == schema.THREAD:
+            self._idle_thread_until(n, a, b, depth, out)
+        elif b > a:
+            self._charge(schema.HOST_LAUNCH, n, a, b, out, "device idle: launched late")
+
+    def _idle_thread(self, k: int, a: int, b: int, depth: int, out: list[Interval]) -> None:
+        """A host thread inside an annotation but in no op: waiting, or busy (sleep, Python)."""
+        releaser = self.released_by(k)
+        if releaser >= 0 and depth < MAX_DEPTH:
+            self._released_thread(releaser, a, b, depth, out)
+        else:
+            self._charge_compute(k, a, b, out)
+
+    def _idle_thread_until(self, n: int, a: int, b: int, depth: int, out: list[Interval]) -> None:
+        releaser = self._releaser(int(self.rank[n]), self.ops.frame.at[n, "lane_id"], b)
+        if releaser >= 0 and depth < MAX_DEPTH:
+            self._released_thread(releaser, a, b, depth, out)
+        else:
+            self._charge(schema.HOST_LAUNCH, n, a, b, out, "host thread idle")
+
+    def _released_thread(self, r: int, a: int, b: int, depth: int, out: list[Interval]) -> None:
+        lo = max(a, self.start[r])
+        if lo < b:
+            self._op(r, lo, min(b, self.end[r]), depth + 1, out)
+        if lo > a:
+            self._before(r, a, lo, depth + 1, out)
+
+    def _releaser(self, rank: int, lane_id: int, when: int) -> int:
+        """The op on another lane of `rank` that ended last within the window before `when`."""
+        ends, idx, lanes = self._other_lane_ends.get(rank, (None, None, None))
+        if ends is None:
+            return -1
+        hi = np.searchsorted(ends, when + 20_000, side="right")
+        lo = np.searchsorted(ends, when - RELEASE_WINDOW_NS, side="left")
+        for pos in range(hi - 1, lo - 1, -1):
+            if lanes[pos] != lane_id:
+                return int(idx[pos])
+        return -1
+
+    # --- charging ----------------------------------------------------------------------------
+    def _charge_self(self, i: int, a: int, b: int, out: list[Interval]) -> None:
+        if b <= a:
+            return
+        if self.kind[i] in (schema.COLLECTIVE, schema.P2P):
+            note = ""
+            if self.unprofiled[i]:
+                note = (f"straggler among the {self.unprofiled[i]} unprofiled members of group "
+                        f"{self.group[i]}")
+            self._charge(self.comm_category[i], i, a, b, out, note)
+        elif self.kind[i] == schema.WAIT:
+            self._charge(UNKNOWN, i, a, b, out, "no matching record found")
+        else:
+            self._charge_compute(i, a, b, out)
+
+    def _charge_compute(self, k: int, a: int, b: int, out: list[Interval]) -> None:
+        slow = int(self.rank[k]) in self.slow_ranks
+        self._charge(schema.COMPUTE_STRAGGLER if slow else schema.PIPELINE_FILL, k, a, b, out)
+
+    def _charge(self, category: str, k: int, a: int, b: int, out: list[Interval],
+                note: str = "") -> None:
+        if b > a:
+            out.append(Interval(int(a), int(b), category, int(self.rank[k]), str(self.lane[k]),
+                                str(self.name[k]), note))
+
+
+def _extended(piece: Interval, end: int) -> Interval:
+    return Interval(piece.start, max(piece.end, end), piece.category, piece.rank, piece.lane,
+                    piece.name, piece.note)
+
+
+def _merge(pieces: list[Interval]) -> list[Interval]:
+    """Sorted intervals, adjacent pieces of the same category, rank and lane joined."""
+    merged: list[Interval] = []
+    for piece in sorted(pieces, key=lambda p: p.start):
+        last = merged[-1] if merged else None
+        if (last and last.category == piece.category and last.rank == piece.rank
+                and last.lane == piece.lane and piece.start - last.end <= 1_000):
+            if piece.dur > last.dur:
+                last.name, last.note = piece.name, piece.note
+            last.end = max(last.end, piece.end)
+        else:
+            merged.append(piece)
+    return merged
+
+
+def _comm_categories(frame: pd.DataFrame, groups: pd.DataFrame) -> np.ndarray:
+    dims = dict(zip(groups["group"], groups["dim"], strict=True)) if len(groups) else {}
+    categories = []
+    for group, comm in zip(frame["group"], frame["comm"], strict=True):
+        category = _DIM_CATEGORY.get(dims.get(group, ""))
+        categories.append(category or _COMM_CATEGORY.get(comm, schema.DP_REDUCTION))
+    return np.array(categories, dtype=object)
+
+
+def _unprofiled_members(n: int, instances: pd.DataFrame) -> np.ndarray:
+    missing = np.zeros(n, dtype=np.int64)
+    for ops, size in zip(instances.get("ops", []), instances.get("size", []), strict=True):
+        if size > len(ops):
+            missing[ops] = size - len(ops)
+    return missing
+
+
+def _ends_by_rank(frame: pd.DataFrame, end: np.ndarray) -> dict[int, tuple]:
+    """rank -> (sorted ends, op index, lane id) of its comm ops, for host-thread releases."""
+    table = {}
+    comm = frame["kind"].isin([schema.COLLECTIVE, schema.P2P]).to_numpy()
+    for rank, idx in pd.Series(np.flatnonzero(comm)).groupby(frame["rank"].to_numpy()[comm]):
+        idx = idx.to_numpy()
+        order = np.argsort(end[idx], kind="stable")
+        table[int(rank)] = (end[idx][order], idx[order], frame["lane_id"].to_numpy()[idx][order])
+    return table

@@ -1,0 +1,99 @@
+"""An `Analysis` as plain data: the documented JSON of `tracegraph analyze --json`."""
+
+from __future__ import annotations
+
+from tracegraph.analysis import Analysis
+from tracegraph.blame import Bubble, Interval
+from tracegraph.critical import PathSegment
+
+NS_PER_MS = 1e6
+
+
+def summarize(analysis: Analysis, *, step: int | None = None, top: int = 10) -> dict[str, object]:
+    """Steps, bubbles (the `top` longest, all when top <= 0), blame, critical path, clocks."""
+    origin = analysis.origin
+    bubbles = [b for b in analysis.bubbles if step is None or b.step == step]
+    shown = bubbles if top <= 0 else bubbles[:top]
+    members = analysis.trace.group_members()
+    present = set(analysis.trace.rank_ids)
+    return {
+        "origin_ns": origin,
+        "clock_offsets_ns": {str(r): int(ns) for r, ns in sorted(analysis.offsets.items())},
+        "steps": _steps(analysis, step),
+        "bubbles": [_bubble(b, origin, members, present) for b in shown],
+        "bubble_count": len(bubbles),
+        "blame": {k: round(v, 3) for k, v in analysis.blame(step).items()},
+        "critical_path": {str(s): _path(p, origin) for s, p in analysis.critical_paths.items()
+                          if step is None or s == step},
+        "slow_ranks": sorted(analysis.slow_ranks),
+        "warnings": analysis.warnings,
+    }
+
+
+def _ms(ns: int, origin: int = 0) -> float:
+    return round((ns - origin) / NS_PER_MS, 3)
+
+
+def _steps(analysis: Analysis, only: int | None) -> list[dict[str, object]]:
+    rows = []
+    for step, spans in analysis.steps.groupby("step"):
+        if only is not None and step != only:
+            continue
+        times = {str(r): _ms(e - s) for r, s, e in spans[["rank", "start", "end"]].itertuples(
+            index=False)}
+        rows.append({"step": int(step), "time_ms": times, "max_ms": max(times.values()),
+                     "bubble_ms": {k: round(v, 3) for k, v in analysis.blame(int(step)).items()}})
+    return rows
+
+
+def _bubble(bubble: Bubble, origin: int, members: dict[str, tuple[int, ...]],
+            present: set[int]) -> dict[str, object]:
+    root = bubble.root
+    return {
+        "rank": bubble.rank, "lane": bubble.lane, "step": bubble.step, "name": bubble.name,
+        "start_ms": _ms(bubble.start, origin), "dur_ms": _ms(bubble.dur),
+        "category": bubble.category,
+        "root": _root(root, members, present) if root else None,
+        "chain": bubble.chain(),
+        "intervals": [_interval(p, origin) for p in bubble.intervals],
+    }
+
+
+def _root(piece: Interval, members: dict[str, tuple[int, ...]], present: set[int]
+          ) -> dict[str, object]:
+    root: dict[str, object] = {"rank": piece.rank, "lane": piece.lane, "name": piece.name}
+    if piece.note:
+        root["note"] = piece.note
+    group = piece.note.rsplit("group ", 1)[-1] if "unprofiled" in piece.note else ""
+    if group in members:
+        root["profile_ranks"] = [r for r in members[group] if r not in present]
+    return root
+
+
+def _interval(piece: Interval, origin: int) -> dict[str, object]:
+    return {"start_ms": _ms(piece.start, origin), "end_ms": _ms(piece.end, origin),
+            "dur_ms": _ms(piece.dur), "category": piece.category, "rank": piece.rank,
+            "lane": piece.lane, "name": piece.name, "note": piece.note}
+
+
+def _path(path: list[PathSegment], origin: int) -> dict[str, object]:
+    by_kind: dict[str, float] = {}
+    by_rank: dict[str, float] = {}
+    by_lane: dict[str, float] = {}
+    for seg in path:
+        ms = (seg.end - seg.start) / NS_PER_MS
+        by_kind[seg.kind] = by_kind.get(seg.kind, 0.0) + ms
+        by_rank[str(seg.rank)] = by_rank.get(str(seg.rank), 0.0) + ms
+        lane = f"{seg.rank}/{seg.lane}"
+        by_lane[lane] = by_lane.get(lane, 0.0) + ms
+
+    def rounded(d: dict[str, float]) -> dict[str, float]:
+        return {k: round(v, 3) for k, v in sorted(d.items(), key=lambda kv: -kv[1])}
+
+    return {
+        "length_ms": round(sum(by_kind.values()), 3),
+        "by_kind": rounded(by_kind), "by_rank": rounded(by_rank), "by_lane": rounded(by_lane),
+        "segments": [{"rank": s.rank, "lane": s.lane, "name": s.name, "kind": s.kind,
+                      "start_ms": _ms(s.start, origin), "end_ms": _ms(s.end, origin)}
+                     for s in path],
+    }
