@@ -11,8 +11,8 @@ __version__ = "0.1.0"
 
 
 def load(path, **options) -> Trace:
-    """Read every rank profile under `path` into a `Trace` (see `tracegraph.load.load`)."""
-    from tracegraph.load import load as _load
+    """Read every rank profile under `path` into a `Trace` (see `tracegraph.loader.load`)."""
+    from tracegraph.loader import load as _load
 
     return _load(path, **options)
 

@@ -18,7 +18,7 @@ from reports.terminal import print_analysis
 from tracegraph.analysis import analyze as run_analysis
 from tracegraph.graph import write_graph
 from tracegraph.inventory import inventory
-from tracegraph.load import load
+from tracegraph.loader import load
 from tracegraph.summary import summarize
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,

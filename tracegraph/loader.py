@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import pandas as pd
@@ -74,40 +74,53 @@ def _parse_all(
             todo.append((profile, key))
     workers = min(jobs or os.cpu_count() or 1, len(todo))
     if workers <= 1:
-        for profile, key in todo:
-            yield profile, _finish(profile, _parse_local(bundle, profile), store, key)
+        for profile, key, read in _sources(bundle, todo):
+            yield profile, _finish(profile, parse_rank(profile, read), store, key)
             advance()
         return
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        futures = _submit(pool, bundle, todo)
-        for (profile, key), future in zip(todo, futures, strict=True):
-            yield profile, _finish(profile, future.result(), store, key)
+        futures = {}
+        for profile, _key, read in _sources(bundle, todo):
+            futures[profile.root] = (
+                pool.submit(_parse_in_worker, str(bundle.path), profile) if bundle.random_access
+                else pool.submit(_parse_bytes, profile, read.contents))
+        for profile, key in todo:
+            yield profile, _finish(profile, futures[profile.root].result(), store, key)
             advance()
 
 
-def _submit(pool: ProcessPoolExecutor, bundle: Bundle,
-            todo: list[tuple[RankFiles, str]]) -> list[Future]:
-    """Hand every profile to the pool: by path when workers can open the bundle themselves,
-    else with its bytes, streamed from the archive in one pass."""
+class _Streamed:
+    """A reader over the members of one profile, already read from a streamed archive."""
+
+    def __init__(self, contents: dict[str, bytes]) -> None:
+        self.contents = contents
+
+    def __call__(self, member: str) -> bytes:
+        try:
+            return self.contents[member]
+        except KeyError:
+            raise TraceError(f"{member}: missing from the archive (truncated?)") from None
+
+
+def _sources(bundle: Bundle, todo: list[tuple[RankFiles, str]]
+             ) -> Iterator[tuple[RankFiles, str, Callable[[str], bytes]]]:
+    """(profile, cache key, reader) for each profile: direct reads where the bundle allows random
+    access, else one streaming pass over the archive that hands out each profile once complete."""
     if bundle.random_access:
-        return [pool.submit(_parse_in_worker, str(bundle.path), p) for p, _ in todo]
-    wanted = {m: p for p, _ in todo for m in p.files.values()}
+        for profile, key in todo:
+            yield profile, key, bundle.read
+        return
+    owner = {m: (p, k) for p, k in todo for m in p.files.values()}
     contents: dict[str, dict[str, bytes]] = {p.root: {} for p, _ in todo}
-    futures: dict[str, Future] = {}
-    for member, data in bundle.stream(set(wanted)):
-        profile = wanted[member]
+    for member, data in bundle.stream(set(owner)):
+        profile, key = owner[member]
         got = contents[profile.root]
         got[member] = data
         if len(got) == len(profile.files):
-            futures[profile.root] = pool.submit(_parse_bytes, profile, contents.pop(profile.root))
-    for root, got in contents.items():  # members the archive did not deliver in full
-        profile = next(p for p, _ in todo if p.root == root)
-        futures[root] = pool.submit(_parse_bytes, profile, got)
-    return [futures[p.root] for p, _ in todo]
-
-
-def _parse_local(bundle: Bundle, profile: RankFiles) -> ParsedRank:
-    return parse_rank(profile, bundle.read)
+            yield profile, key, _Streamed(contents.pop(profile.root))
+    for profile, key in todo:  # members the archive did not deliver in full
+        if profile.root in contents:
+            yield profile, key, _Streamed(contents.pop(profile.root))
 
 
 def _parse_in_worker(bundle_path: str, profile: RankFiles) -> ParsedRank:
@@ -118,13 +131,7 @@ def _parse_in_worker(bundle_path: str, profile: RankFiles) -> ParsedRank:
 
 
 def _parse_bytes(profile: RankFiles, contents: dict[str, bytes]) -> ParsedRank:
-    def read(member: str) -> bytes:
-        try:
-            return contents[member]
-        except KeyError:
-            raise TraceError(f"{member}: missing from the archive (truncated?)") from None
-
-    return parse_rank(profile, read)
+    return parse_rank(profile, _Streamed(contents))
 
 
 def _finish(profile: RankFiles, parsed: ParsedRank, store: Path | None, key: str) -> ParsedRank:

@@ -1,0 +1,62 @@
+"""The command line as a user runs it: a real subprocess, exit codes, stdout JSON, stderr lines."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from tests.conftest import SAMPLES
+
+
+def tracegraph(*args: str, cache: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tracegraph", *args, "--cache-dir", str(cache)],
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_analyze_json_on_the_gloo_sample(cache_dir: Path) -> None:
+    run = tracegraph("analyze", str(SAMPLES / "gloo_pp2_dp2"), "--json", cache=cache_dir)
+    assert run.returncode == 0, run.stderr
+    summary = json.loads(run.stdout)
+    assert [r["rank"] for r in summary["ranks"]] == [0, 1, 2, 3]
+    assert {"steps", "bubbles", "blame", "critical_path", "groups"} <= set(summary)
+    longest = summary["bubbles"][0]
+    assert longest["dur_ms"] > 190  # the ≈200 ms waits behind rank 1's sleep
+    assert {"rank", "lane", "start_ms", "dur_ms", "category", "root", "chain"} <= set(longest)
+
+
+def test_analyze_prints_tables_and_chains(cache_dir: Path) -> None:
+    run = tracegraph("analyze", str(SAMPLES / "gloo_pp2_dp2"), "--top", "3", cache=cache_dir)
+    assert run.returncode == 0, run.stderr
+    assert "4 ranks" in run.stdout
+    assert "chain: rank" in run.stdout
+
+
+def test_export_parquet(tmp_path: Path, cache_dir: Path) -> None:
+    out = tmp_path / "tables"
+    run = tracegraph("export", str(SAMPLES / "gloo_pp2_dp2"), "--parquet", str(out),
+                     cache=cache_dir)
+    assert run.returncode == 0, run.stderr
+    ranks = pq.read_table(out / "ranks.parquet").to_pandas()
+    assert sorted(ranks["rank"]) == [0, 1, 2, 3]
+
+
+def test_missing_input_is_one_line_exit_2(tmp_path: Path, cache_dir: Path) -> None:
+    missing = tmp_path / "nope.tar.gz"
+    run = tracegraph("analyze", str(missing), cache=cache_dir)
+    assert run.returncode == 2
+    assert "Traceback" not in run.stderr
+    lines = [line for line in run.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "nope.tar.gz" in lines[0]
+
+
+def test_invalid_json_is_one_line_exit_2(tmp_path: Path, cache_dir: Path) -> None:
+    bad = tmp_path / "rank0.json"
+    bad.write_text('{"traceEvents": [ {"ph": "X", "name": 3, }} garbage')
+    run = tracegraph("analyze", str(bad), cache=cache_dir)
+    assert run.returncode == 2, run.stdout
+    assert "Traceback" not in run.stderr
+    assert "rank0.json" in run.stderr

@@ -1,0 +1,111 @@
+"""Loading whole bundles: merge of ranks, groups, cache, rank map, archives, duplicates."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tarfile
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+import parsers
+import tracegraph
+from parsers.base import TraceError
+from tracegraph import schema
+from tracegraph.inventory import inventory
+
+GLOO = "kineto/gloo_pp2_dp2"
+
+
+def test_gloo_bundle_merges_four_ranks_and_their_groups(real: Path, cache_dir: Path) -> None:
+    trace = tracegraph.load(real / GLOO, cache_dir=cache_dir)
+    assert trace.rank_ids == [0, 1, 2, 3]
+    members = trace.group_members()
+    # distributedInfo.pg_config, read by hand: "0" default_pg [0..3], "1" dp_stage0 [0, 2] (ranks
+    # 0 and 2 list it), "2" dp_stage1 [1, 3] (ranks 1 and 3 list it).
+    assert members["0"] == (0, 1, 2, 3)
+    assert members["1"] == (0, 2)
+    assert members["2"] == (1, 3)
+    dims = dict(zip(trace.groups["group"], trace.groups["dim"], strict=True))
+    assert dims == {"0": "world", "1": "dp", "2": "dp"}
+    summary = inventory(trace)
+    steps = {r["rank"]: r["steps"] for r in summary["ranks"]}
+    for rank in range(4):  # README: step ≈ 225 ms, ProfilerStep#2 and #3 held
+        assert set(steps[rank]) == {"2", "3"}
+        assert 200 < steps[rank]["2"] < 240
+
+
+def test_ascend_pp2dp2_groups(real: Path, cache_dir: Path) -> None:
+    trace = tracegraph.load(real / "ascend/torch_npu_pp2dp2_level2_comm", cache_dir=cache_dir)
+    assert trace.rank_ids == [0, 1, 2, 3]
+    pp = trace.groups[trace.groups["desc"] == "pp"]
+    assert sorted(tuple(r) for r in pp["ranks"]) == [(0, 2), (1, 3)]
+    assert set(pp["dim"]) == {"pp"}
+
+
+def test_export_writes_the_public_schema(real: Path, tmp_path: Path, cache_dir: Path) -> None:
+    trace = tracegraph.load(real / GLOO, cache_dir=cache_dir)
+    written = trace.to_parquet(tmp_path / "out")
+    assert [p.name for p in written] == ["events.parquet", "groups.parquet", "ranks.parquet"]
+    events = pq.read_table(tmp_path / "out" / "events.parquet")
+    assert events.schema.names == schema.EVENTS.names
+    assert events.num_rows == len(trace.events)
+    ranks = pq.read_table(tmp_path / "out" / "ranks.parquet").to_pandas()
+    assert ranks["events"].sum() == len(trace.events)
+
+
+def test_second_load_comes_from_the_cache(real: Path, cache_dir: Path, monkeypatch) -> None:
+    first = tracegraph.load(real / GLOO, cache_dir=cache_dir, jobs=1)
+
+    def refuse(*_args, **_kwargs):
+        raise AssertionError("parsed again although the cache holds every rank")
+
+    monkeypatch.setattr("tracegraph.loader.parse_rank", refuse)
+    second = tracegraph.load(real / GLOO, cache_dir=cache_dir, jobs=1)
+    assert second.events.equals(first.events)
+    assert not any(cache_dir.glob("*.tmp"))
+
+
+def test_archive_loads_like_the_folder(real: Path, tmp_path: Path) -> None:
+    archive = tmp_path / "gloo.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(real / GLOO, arcname="gloo_pp2_dp2")
+    from_dir = tracegraph.load(real / GLOO, use_cache=False, jobs=1)
+    from_tar = tracegraph.load(archive, use_cache=False, jobs=2)  # streamed to worker processes
+    assert from_tar.rank_ids == from_dir.rank_ids
+    assert len(from_tar.events) == len(from_dir.events)
+    assert from_tar.events["start_ns"].sum() == from_dir.events["start_ns"].sum()
+
+
+def test_duplicate_ranks_are_refused(real: Path, tmp_path: Path) -> None:
+    shutil.copy(real / GLOO / "rank0.json", tmp_path / "a.json")
+    shutil.copy(real / GLOO / "rank0.json", tmp_path / "b.json")
+    with pytest.raises(TraceError, match="duplicate rank 0"):
+        tracegraph.load(tmp_path, use_cache=False)
+
+
+def test_rank_map_names_a_rankless_profile(real: Path, tmp_path: Path) -> None:
+    source = real / "kineto/hta/rank_unavailable/rank_not_found.json.gz"
+    shutil.copy(source, tmp_path / source.name)
+    with pytest.raises(TraceError, match="--rank-map"):
+        tracegraph.load(tmp_path, use_cache=False)
+    trace = tracegraph.load(tmp_path, use_cache=False, rank_map={source.name: 7})
+    assert trace.rank_ids == [7]
+    assert set(trace.events["rank"]) == {7}
+
+
+def test_parse_rank_rejects_unknown_formats() -> None:
+    files = parsers.RankFiles("nvtx", "x", {})
+    with pytest.raises(TraceError, match="unknown profile format"):
+        parsers.parse_rank(files, lambda member: b"")
+
+
+def test_rank_map_file_must_be_json(tmp_path: Path) -> None:
+    from tracegraph.cli import _read_rank_map
+
+    bad = tmp_path / "map.json"
+    bad.write_text(json.dumps([1, 2]))
+    with pytest.raises(TraceError, match="map.json"):
+        _read_rank_map(bad)
