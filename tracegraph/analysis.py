@@ -59,8 +59,8 @@ def analyze(trace: Trace, *, threshold_ms: float = 1.0) -> Analysis:
     shift = ops.frame["rank"].map(offsets).fillna(0).astype("int64").to_numpy()
     start, end = ops.start - shift, ops.end - shift
     steps = step_windows(trace.events, offsets)
-    slow = slow_ranks(ops, start, end)
-    blamer = Blamer(ops, matches, start, end, trace.groups, slow)
+    blamer = Blamer(ops, matches, start, end, trace.groups, set())
+    slow = blamer.slow_ranks = slow_ranks(ops, blamer)
     bubbles = find_bubbles(ops, blamer, steps, int(threshold_ms * 1e6))
     paths = {int(step): critical_path(blamer, _ops_in(start, end, lo, hi), (lo, hi))
              for step, lo, hi in _step_spans(steps, start, end)}
@@ -84,20 +84,24 @@ def step_windows(events: pd.DataFrame, offsets: dict[int, int]) -> pd.DataFrame:
         ["rank", "step"], keep="last")
 
 
-def slow_ranks(ops: Ops, start: np.ndarray, end: np.ndarray) -> set[int]:
-    """Ranks whose main-lane compute time exceeds the other ranks' median by SLOW_RANK_FACTOR."""
-    frame = ops.frame
-    main = ops.main_lanes()
-    on_main = frame["lane_id"].to_numpy() == frame["rank"].map(main).fillna(-1).to_numpy()
-    busy_kind = frame["kind"].isin([schema.COMPUTE, schema.HOST, schema.MARKER]).to_numpy()
-    busy = pd.Series((end - start)[on_main & busy_kind]).groupby(
-        frame["rank"].to_numpy()[on_main & busy_kind]).sum()
-    slow = set()
-    for rank, ns in busy.items():
-        others = busy.drop(rank)
-        if len(others) and ns > SLOW_RANK_FACTOR * others.median():
-            slow.add(int(rank))
-    return slow
+def slow_ranks(ops: Ops, blamer: Blamer) -> set[int]:
+    """Ranks whose main-lane work exceeds the other ranks' median by SLOW_RANK_FACTOR.
+
+    Work is compute on a device stream; on a host thread, ops plus annotation-only stretches
+    that no other thread's op released (sleeping or Python work, not waiting)."""
+    busy: dict[int, int] = {}
+    lane_ids = ops.frame["lane_id"].to_numpy()
+    for rank, lane_id in ops.main_lanes().items():
+        total = 0
+        for i in np.flatnonzero(lane_ids == lane_id):
+            kind = blamer.kind[i]
+            waiting = kind == schema.MARKER and blamer.released_by(i) >= 0
+            if kind in (schema.COMPUTE, schema.HOST, schema.MARKER) and not waiting:
+                total += int(blamer.end[i] - blamer.start[i])
+        busy[rank] = total
+    work = pd.Series(busy, dtype="int64")
+    return {int(rank) for rank, ns in work.items()
+            if len(work) > 1 and ns > SLOW_RANK_FACTOR * work.drop(rank).median()}
 
 
 def find_bubbles(ops: Ops, blamer: Blamer, steps: pd.DataFrame, threshold_ns: int

@@ -20,7 +20,8 @@ from tracegraph.match import Matches
 from tracegraph.ops import Ops
 
 MAX_DEPTH = 200  # links followed before the rest of an interval is left unexplained
-RELEASE_WINDOW_NS = 300_000  # a host thread resumes this soon after the op it waited on ends
+RELEASE_WINDOW_NS = 2_000_000  # a host thread resumes this soon after the op it waited on ends
+MIN_PIECE_NS = 2_000  # shorter pieces (wake-up latencies, record slots) fold into a neighbour
 UNKNOWN = "unknown"
 _DIM_CATEGORY = {"pp": schema.PP_P2P, "dp": schema.DP_REDUCTION, "ep": schema.EP_ALLTOALL}
 _COMM_CATEGORY = {"alltoall": schema.EP_ALLTOALL, "send": schema.PP_P2P, "recv": schema.PP_P2P,
@@ -127,9 +128,10 @@ class Blamer:
         return _merge(out)
 
     def released_by(self, i: int) -> int:
-        """For a host-thread stretch with no op (a marker-only segment or gap) ending at
-        end[i]: the op on another lane of the rank whose end released it, or -1."""
-        return self._releaser(int(self.rank[i]), self.ops.frame.at[i, "lane_id"], self.end[i])
+        """For a host-thread stretch with no op (a marker-only segment): the comm op on another
+        lane of the rank that ran through it and whose end released it, or -1."""
+        return self._releaser(int(self.rank[i]), self.ops.frame.at[i, "lane_id"], self.start[i],
+                              self.end[i])
 
     # --- the walk ----------------------------------------------------------------------------
     def _blocked(self, i: int, a: int, b: int, depth: int, out: list[Interval]) -> None:
@@ -224,7 +226,7 @@ class Blamer:
             self._charge_compute(k, a, b, out)
 
     def _idle_thread_until(self, n: int, a: int, b: int, depth: int, out: list[Interval]) -> None:
-        releaser = self._releaser(int(self.rank[n]), self.ops.frame.at[n, "lane_id"], b)
+        releaser = self._releaser(int(self.rank[n]), self.ops.frame.at[n, "lane_id"], a, b)
         if releaser >= 0 and depth < MAX_DEPTH:
             self._released_thread(releaser, a, b, depth, out)
         else:
@@ -237,16 +239,19 @@ class Blamer:
         if lo > a:
             self._before(r, a, lo, depth + 1, out)
 
-    def _releaser(self, rank: int, lane_id: int, when: int) -> int:
-        """The op on another lane of `rank` that ended last within the window before `when`."""
+    def _releaser(self, rank: int, lane_id: int, lo: int, hi: int) -> int:
+        """The comm op on another lane of `rank` that ran through most of [lo, hi] and ended
+        last within the window before `hi`, or -1."""
         ends, idx, lanes = self._other_lane_ends.get(rank, (None, None, None))
         if ends is None:
             return -1
-        hi = np.searchsorted(ends, when + 20_000, side="right")
-        lo = np.searchsorted(ends, when - RELEASE_WINDOW_NS, side="left")
-        for pos in range(hi - 1, lo - 1, -1):
-            if lanes[pos] != lane_id:
-                return int(idx[pos])
+        last = np.searchsorted(ends, hi + 20_000, side="right")
+        first = np.searchsorted(ends, hi - RELEASE_WINDOW_NS, side="left")
+        for pos in range(last - 1, first - 1, -1):
+            op = idx[pos]
+            overlap = min(hi, self.end[op]) - max(lo, self.start[op])
+            if lanes[pos] != lane_id and overlap >= 0.5 * (hi - lo):
+                return int(op)
         return -1
 
     # --- charging ----------------------------------------------------------------------------
@@ -281,9 +286,10 @@ def _extended(piece: Interval, end: int) -> Interval:
 
 
 def _merge(pieces: list[Interval]) -> list[Interval]:
-    """Sorted intervals, adjacent pieces of the same category, rank and lane joined."""
+    """Sorted intervals: slivers folded into their neighbour, then adjacent pieces of the same
+    category, rank and lane joined."""
     merged: list[Interval] = []
-    for piece in sorted(pieces, key=lambda p: p.start):
+    for piece in _fold_slivers(sorted(pieces, key=lambda p: p.start)):
         last = merged[-1] if merged else None
         if (last and last.category == piece.category and last.rank == piece.rank
                 and last.lane == piece.lane and piece.start - last.end <= 1_000):
@@ -293,6 +299,20 @@ def _merge(pieces: list[Interval]) -> list[Interval]:
         else:
             merged.append(piece)
     return merged
+
+
+def _fold_slivers(pieces: list[Interval]) -> list[Interval]:
+    kept: list[Interval] = []
+    for piece in pieces:
+        if piece.dur < MIN_PIECE_NS and kept and piece.start - kept[-1].end <= MIN_PIECE_NS:
+            kept[-1] = _extended(kept[-1], piece.end)
+        else:
+            kept.append(piece)
+    if len(kept) > 1 and kept[0].dur < MIN_PIECE_NS:
+        first, second = kept[0], kept[1]
+        kept[:2] = [Interval(first.start, second.end, second.category, second.rank, second.lane,
+                             second.name, second.note)]
+    return kept
 
 
 def _comm_categories(frame: pd.DataFrame, groups: pd.DataFrame) -> np.ndarray:

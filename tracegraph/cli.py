@@ -159,3 +159,7 @@ def _print_inventory(summary: dict[str, object]) -> None:
 def main() -> None:
     """Entry point for `python -m tracegraph`."""
     app()
+
+from reports.report_cli import report_command  # noqa: E402
+
+app.command(name="report")(report_command)

@@ -39,10 +39,10 @@ def _end_differences(ops: Ops, matches: Matches) -> pd.DataFrame:
         j = matches.dep[i]
         if i < j and on_device[j] and frame.at[i, "kind"] == schema.P2P:
             rows.append((rank[i], rank[j], end[i] - end[j]))
-    table = pd.DataFrame(rows, columns=["a", "b", "diff"])
-    swap = table["a"] > table["b"]
-    table.loc[swap, ["a", "b"]] = table.loc[swap, ["b", "a"]].to_numpy()
-    table.loc[swap, "diff"] = -table.loc[swap, "diff"]
+    a, b, diff = np.array(rows, dtype=np.int64).reshape(-1, 3).T
+    swap = a > b
+    table = pd.DataFrame({"a": np.where(swap, b, a), "b": np.where(swap, a, b),
+                          "diff": np.where(swap, -diff, diff)})
     return table[table["a"] != table["b"]]
 
 

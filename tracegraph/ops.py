@@ -122,11 +122,13 @@ def _flatten(lane_events: pd.DataFrame) -> pd.DataFrame:
 
     for i in range(len(starts)):
         while stack and ends[stack[-1]] <= starts[i]:
-            emit(ends[stack.pop()])
+            emit(ends[stack[-1]])  # the segment up to its end belongs to it, then it closes
+            stack.pop()
         emit(starts[i])
         stack.append(i)
     while stack:
-        emit(ends[stack.pop()])
+        emit(ends[stack[-1]])
+        stack.pop()
     segments = ordered.iloc[owner].reset_index(drop=True)
     return segments.assign(start=seg_start, end=seg_end)
 

@@ -17,8 +17,10 @@ theory is (p − 1)/(v·m) for p stages, v chunks per stage and m microbatches.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from dataclasses import dataclass
 
+import networkx as nx
 import numpy as np
 import pandas as pd
 
@@ -98,7 +100,7 @@ def from_annotations(analysis) -> Pipeline | None:
         "start": (rows["start_ns"] - shift).to_numpy(),
         "end": (rows["start_ns"] + rows["dur_ns"] - shift).to_numpy()})
     blocks["work"] = _work(analysis, blocks)
-    return _staged(analysis, blocks, "annotations", _order_by_first_forward(blocks))
+    return _staged(analysis, blocks, "annotations", _flow_depth(events))
 
 
 def from_op_order(analysis) -> Pipeline | None:
@@ -146,11 +148,11 @@ def from_timeline(analysis, timeline) -> Pipeline | None:
 def _staged(analysis, blocks: pd.DataFrame, source: str, order: dict[int, float]) -> Pipeline:
     """Add replica and stage: stage = position of the rank within its replica by `order`."""
     replicas = _replicas(analysis.trace, sorted(int(r) for r in blocks["rank"].unique()))
-    key = {r: (replicas[r], order.get(r, 0), r) for r in replicas}
-    stage = {}
-    for members in pd.Series(list(replicas)).groupby(list(replicas.values())):
-        for position, r in enumerate(sorted(members, key=key.get)):
-            stage[r] = position
+    stage: dict[int, int] = {}
+    seen: Counter[int] = Counter()
+    for r in sorted(replicas, key=lambda r: (replicas[r], order.get(r, 0), r)):
+        stage[r] = seen[replicas[r]]
+        seen[replicas[r]] += 1
     blocks = blocks.assign(replica=blocks["rank"].map(replicas), stage=blocks["rank"].map(stage))
     blocks = blocks.astype({"step": "int64", "rank": "int64", "chunk": "int64",
                             "microbatch": "int64", "start": "int64", "end": "int64",
@@ -180,11 +182,26 @@ def _replicas(trace, ranks: list[int]) -> dict[int, int]:
     return {r: find(r) for r in ranks}
 
 
-def _order_by_first_forward(blocks: pd.DataFrame) -> dict[int, float]:
-    """rank -> end of its first forward block: a later stage finishes microbatch 0 later."""
-    forward = blocks[blocks["phase"] == F]
-    first = forward.sort_values("start").groupby("rank")["end"].first()
-    return {int(r): float(e) for r, e in first.items()}
+def _flow_depth(events: pd.DataFrame) -> dict[int, int]:
+    """rank -> depth in the forward data flow of annotated P2P ops.
+
+    A receive inside a forward block (or a send inside a backward one) comes from upstream;
+    ranks on a cycle (interleaved stages wrap around) share a depth and fall back to rank order.
+    """
+    p2p = events[(events["kind"] == schema.P2P) & (events["peer"] >= 0)
+                 & events["comm"].isin(["send", "recv"])]
+    phase = p2p["annotation"].str.extract(_BLOCK)["phase"].str.lower().map(_PHASES)
+    from_peer = (p2p["comm"] == "recv") == (phase == F)
+    known = phase.isin([F, B])
+    rank, peer = p2p["rank"].to_numpy(), p2p["peer"].to_numpy()
+    flow = nx.DiGraph()
+    flow.add_edges_from(zip(np.where(from_peer, peer, rank)[known.to_numpy()],
+                            np.where(from_peer, rank, peer)[known.to_numpy()], strict=True))
+    if not flow.number_of_nodes():
+        return {}
+    dag = nx.condensation(flow)
+    return {int(r): depth for depth, nodes in enumerate(nx.topological_generations(dag))
+            for node in nodes for r in dag.nodes[node]["members"]}
 
 
 # --- work and bubble -------------------------------------------------------------------------
@@ -249,9 +266,9 @@ def _segments(rank: int, comm: pd.DataFrame, offset: int, start: np.ndarray, end
     blocks = ops.groupby(["segment", "step"], as_index=False).agg(
         phase=("phase", "first"), start=("start", "min"), end=("end", "max"),
         work=("work", "sum"))
-    blocks = blocks.assign(rank=rank, chunk=0)
-    blocks["microbatch"] = blocks.groupby(["step", "phase"]).cumcount()
-    return blocks.drop(columns="segment")
+    blocks = blocks.assign(rank=rank, chunk=0, forward=blocks["phase"].isin([F, FB]))
+    blocks["microbatch"] = blocks.groupby(["step", "forward"]).cumcount()
+    return blocks.drop(columns=["segment", "forward"])
 
 
 def _evidence(rank: int, comm: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:

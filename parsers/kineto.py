@@ -1,0 +1,656 @@
+"""PyTorch profiler (Kineto) Chrome traces -> normalized events (see shared/formats/kineto.md).
+
+Decoding uses typed msgspec Structs that declare only the fields read (the rest is skipped
+without building dicts); columns are then built with numpy / pyarrow. Per-event Python work is
+one attribute read per needed field; comm ops, annotations and thread names are few and are
+handled row by row.
+
+Mapping: device events (pid = device, tid = stream) go to lane "stream N"; host events to
+"thread TID NAME", except gloo worker threads (lane_kind comm). `task_type` keeps the Kineto
+category. gloo send/recv carry the c10d op's peer (group-local rank) and its tag in `event_id`.
+A device row, and a gloo collective on a worker thread, takes `step` and `annotation` from the
+host op that launched / issued it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections import defaultdict, deque
+from typing import Any
+
+import msgspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from parsers.base import GroupInfo, ParsedRank, RankFiles, Reader, TraceError
+from parsers.classify import P2P_COMMS, comm_kind, comm_type
+from tracegraph import schema
+from tracegraph.schema import NO_INT
+
+
+# --- decoding --------------------------------------------------------------------------------
+class _Args(msgspec.Struct, frozen=True, gc=False):
+    """The args an event may carry that this parser reads (untyped: writers differ)."""
+
+    correlation: Any = NO_INT
+    collective: Any = msgspec.field(default=None, name="Collective name")
+    pg_name: Any = msgspec.field(default=None, name="Process Group Name")
+    pg_id: Any = msgspec.field(default=None, name="Process Group ID")  # kineto#880, early 2024
+    pg_desc: Any = msgspec.field(default=None, name="Process Group Description")
+    pg_ranks: Any = msgspec.field(default=None, name="Process Group Ranks")
+    group_size: Any = msgspec.field(default=None, name="Group size")
+    seq: Any = msgspec.field(default=None, name="Seq")
+    dst: Any = msgspec.field(default=None, name="Dst Rank")
+    src: Any = msgspec.field(default=None, name="Src Rank")
+    nelems: Any = msgspec.field(default=None, name="In msg nelems")
+    dtype: Any = None
+    nbytes: Any = msgspec.field(default=None, name="bytes")
+    stream: Any = None
+    wait_stream: Any = msgspec.field(default=None, name="wait_on_stream")
+    wait_corr: Any = msgspec.field(default=None, name="wait_on_cuda_event_record_corr_id")
+    inputs: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Concrete Inputs")
+    dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input Dims")
+    types: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input type")
+    name: Any = None  # thread_name / process_name metadata
+
+
+_NO_ARGS = _Args()
+
+
+class _Event(msgspec.Struct, frozen=True, gc=False):
+    ph: str = ""
+    cat: str = ""
+    name: str = ""
+    pid: Any = None
+    tid: Any = None
+    ts: float = 0.0
+    dur: float = 0.0
+    args: _Args = _NO_ARGS
+
+
+class _Trace(msgspec.Struct, gc=False):
+    traceEvents: list[_Event] | None = None
+    distributedInfo: Any = None
+    deviceProperties: Any = None
+    baseTimeNanoseconds: Any = None
+    schemaVersion: Any = None
+    cupti_version: Any = None
+    cuda_runtime_version: Any = None
+    cuda_driver_version: Any = None
+    hip_runtime_version: Any = None
+    roctracer_version: Any = None
+
+
+_DECODER = msgspec.json.Decoder(_Trace)
+_RECOVERY_TRIES = 8
+
+
+def _decode(raw: bytes, root: str) -> tuple[_Trace, list[str]]:
+    """The decoded trace plus warnings; a truncated file keeps its complete events."""
+    if not raw.strip():
+        raise TraceError(f"{root}: empty file")
+    try:
+        trace, warnings = _DECODER.decode(raw), []
+    except msgspec.ValidationError as exc:
+        raise TraceError(f"{root}: not a Kineto trace ({exc})") from None
+    except msgspec.DecodeError as exc:
+        if "truncated" not in str(exc):
+            raise TraceError(f"{root}: invalid JSON ({exc})") from None
+        trace, warnings = _recover(raw, root)
+    if trace.traceEvents is None:
+        raise TraceError(f"{root}: no traceEvents array (not a Kineto trace)")
+    return trace, warnings
+
+
+def _recover(raw: bytes, root: str) -> tuple[_Trace, list[str]]:
+    """Cut a truncated trace at its last complete event and close the array."""
+    start = raw.find(b'"traceEvents"')
+    cut = raw.rfind(b"},", start) if start >= 0 else -1
+    for _ in range(_RECOVERY_TRIES):
+        if cut < 0:
+            break
+        try:
+            trace = _DECODER.decode(raw[: cut + 1] + b"]}")
+        except msgspec.DecodeError:
+            cut = raw.rfind(b"},", start, cut)
+            continue
+        kept = len(trace.traceEvents or ())
+        return trace, [f"{root}: truncated JSON, kept the {kept} complete events "
+                       f"(first {cut + 1} of {len(raw)} bytes)"]
+    raise TraceError(f"{root}: truncated JSON, no complete event in traceEvents")
+
+
+# --- rank discovery --------------------------------------------------------------------------
+_DIST_INFO = re.compile(rb'"distributedInfo"\s*:\s*')
+_RANK_KEY = re.compile(rb'"rank"\s*:\s*"?(-?\d+)')
+
+
+def sniff_rank(head: bytes) -> int | None:
+    """`distributedInfo.rank` from the first bytes of a trace (kineto writes it before
+    traceEvents), or None when it is not there."""
+    found = _DIST_INFO.search(head)
+    if not found:
+        return None
+    try:
+        info, _ = json.JSONDecoder().raw_decode(head[found.end():].decode("utf-8", "replace"))
+    except ValueError:  # the object runs past the head: its "rank" comes before pg_config
+        key = _RANK_KEY.search(head, found.end())
+        return int(key[1]) if key else None
+    return _rank_of(info)
+
+
+def _rank_of(info: object) -> int | None:
+    rank = _int(info.get("rank")) if isinstance(info, dict) else NO_INT
+    return rank if rank >= 0 else None
+
+
+# --- small value helpers ---------------------------------------------------------------------
+def _int(value: object) -> int:
+    """An int from a JSON value (number, decimal or hex string); NO_INT when there is none."""
+    if isinstance(value, int | float):
+        return int(value)
+    if isinstance(value, str):
+        try:
+            return int(value, 0)
+        except ValueError:
+            return int(value) if value.strip().isdigit() else NO_INT
+    return NO_INT
+
+
+def _ints(values: list) -> np.ndarray:
+    """An int64 column from JSON values; falls back to per-value conversion for odd types."""
+    try:
+        return np.array(values, dtype=np.int64)
+    except (TypeError, ValueError, OverflowError):
+        return np.array([_int(v) for v in values], dtype=np.int64)
+
+
+def _ns(micros: np.ndarray) -> np.ndarray:
+    """µs floats -> int64 ns; only the fraction is scaled, so epoch µs (~1.7e15) lose nothing
+    beyond what the float already lost."""
+    whole = np.floor(micros)
+    return whole.astype(np.int64) * 1000 + np.rint((micros - whole) * 1e3).astype(np.int64)
+
+
+def _json(raw: msgspec.Raw) -> Any:
+    try:
+        return msgspec.json.decode(raw) if len(raw) else None
+    except msgspec.DecodeError:
+        return None
+
+
+def _first_shape(dims: object) -> tuple[int, ...] | None:
+    """The shape of the first tensor in an `Input Dims` value (nested for TensorLists)."""
+    while isinstance(dims, list) and dims and isinstance(dims[0], list):
+        dims = dims[0]
+    ok = isinstance(dims, list) and all(isinstance(d, int) for d in dims)
+    return tuple(dims) if ok else None
+
+
+_ITEMSIZE = {  # c10 ScalarType names (record_param_comms dtype) and C++ names (Input type)
+    "float": 4, "double": 8, "half": 2, "bfloat16": 2, "c10::half": 2, "c10::bfloat16": 2,
+    "long": 8, "long int": 8, "int": 4, "short": 2, "short int": 2, "char": 1, "byte": 1,
+    "signed char": 1, "unsigned char": 1, "bool": 1, "complexfloat": 8, "complexdouble": 16,
+    "float8_e4m3fn": 1, "float8_e5m2": 1, "c10::float8_e4m3fn": 1, "c10::float8_e5m2": 1,
+}
+
+
+def _nbytes(nelems: int, dtype: str) -> int:
+    size = _ITEMSIZE.get(dtype.lower())
+    return nelems * size if size and nelems >= 0 else NO_INT
+
+
+# --- categories ------------------------------------------------------------------------------
+_CAT_NAMES = ("cpu_op", "user_annotation", "cuda_runtime", "cuda_driver", "kernel", "gpu_memcpy",
+              "gpu_memset", "cuda_sync", "gpu_user_annotation")
+(CPU_OP, ANNOTATION, RUNTIME, DRIVER, KERNEL, MEMCPY, MEMSET, SYNC, GPU_ANNOTATION) = range(9)
+_CATS = {name: code for code, name in enumerate(_CAT_NAMES)} | {
+    "Kernel": KERNEL, "Runtime": RUNTIME, "Memcpy": MEMCPY, "Memset": MEMSET}  # 2021-22 names
+_DEVICE_CATS = (KERNEL, MEMCPY, MEMSET, SYNC, GPU_ANNOTATION)
+_KIND_CODE = {kind: code for code, kind in enumerate(schema.KINDS)}
+_CAT_KIND = np.array([_KIND_CODE[k] for k in (
+    schema.HOST, schema.MARKER, schema.HOST, schema.HOST, schema.COMPUTE, schema.MEMCPY,
+    schema.MEMCPY, schema.WAIT, schema.MARKER)], dtype=np.int8)
+_THREAD_NAME = re.compile(r"^thread \d+ \((.*)\)$")
+_GLOO_THREADS_PER_GROUP = 2  # ProcessGroupGloo's default worker count
+_RELATIVE_BELOW_NS = 10**17  # ~3 years after the epoch: such ts count from baseTimeNanoseconds
+
+
+# --- interval lookups ------------------------------------------------------------------------
+def _innermost(starts: list[int], ends: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Cut (nested) intervals into segments: boundary times and, from each boundary on, the
+    innermost interval still open (-1 for none)."""
+    times: list[int] = []
+    labels: list[int] = []
+    stack: list[int] = []
+
+    def close(upto: float) -> None:
+        while stack and ends[stack[-1]] <= upto:
+            top = stack.pop()
+            while stack and ends[stack[-1]] <= ends[top]:  # partial overlaps ended earlier
+                stack.pop()
+            times.append(ends[top])
+            labels.append(stack[-1] if stack else -1)
+
+    for i in sorted(range(len(starts)), key=lambda k: (starts[k], -ends[k])):
+        close(starts[i])
+        stack.append(i)
+        times.append(starts[i])
+        labels.append(i)
+    close(float("inf"))
+    return np.array(times, dtype=np.int64), np.array(labels, dtype=np.int64)
+
+
+def _cover(rows: np.ndarray, starts: np.ndarray, ends: np.ndarray, at: np.ndarray
+           ) -> np.ndarray:
+    """For each time in `at`, the row of the innermost interval covering it (-1 if none);
+    interval k is rows[k], starts[k]..ends[k]."""
+    if not len(rows):
+        return np.full(len(at), -1, dtype=np.int64)
+    times, labels = _innermost(starts.tolist(), ends.tolist())
+    pos = np.searchsorted(times, at, side="right") - 1
+    label = np.where(pos >= 0, labels[pos.clip(0)], -1)
+    return np.where(label >= 0, rows[label.clip(0)], -1)
+
+
+# --- the rank's columns ----------------------------------------------------------------------
+class _Rank:
+    """Column arrays over the complete (`ph == "X"`) events of one trace that the table keeps."""
+
+    def __init__(self, trace: _Trace, base_ns: int):
+        events = trace.traceEvents or []
+        ev = self.ev = [e for e in events if e.ph == "X" and e.cat in _CATS]
+        self.meta_events = [e for e in events if e.ph == "M"]
+        n = self.n = len(ev)
+        self.cat = np.array([_CATS[e.cat] for e in ev], dtype=np.int8)
+        self.names = [e.name for e in ev]
+        self.name_arr = pa.array(self.names, pa.string())
+        self.start = base_ns + _ns(np.array([e.ts for e in ev], dtype=np.float64))
+        self.dur = _ns(np.array([e.dur for e in ev], dtype=np.float64))
+        self.end = self.start + self.dur
+        self.corr = _ints([e.args.correlation for e in ev])
+        self.device = np.isin(self.cat, _DEVICE_CATS)
+        self.thread = np.full(n, NO_INT, dtype=np.int64)  # host tid, NO_INT on device rows
+        self.thread[~self.device] = _ints([ev[i].tid for i in np.flatnonzero(~self.device)])
+        self.kind = _CAT_KIND[self.cat]
+        self.comm = np.full(n, "", dtype=object)
+        self.group = np.full(n, "", dtype=object)
+        self.dtype = np.full(n, "", dtype=object)
+        self.peer, self.seq, self.nbytes, self.event_id, self.wait_on, self.stream = (
+            np.full(n, NO_INT, dtype=np.int64) for _ in range(6))
+        self.parent = np.full(n, -1, dtype=np.int64)  # launch / issuing host op of a row
+        self.warnings: list[str] = []
+        self._masks: dict[str, np.ndarray] = {}
+
+    def rows(self, cats: tuple[int, ...], prefix: str = "") -> np.ndarray:
+        """Rows of these categories (whose name starts with `prefix`)."""
+        mask = np.isin(self.cat, cats)
+        if prefix:
+            mask &= self.prefixed(prefix)
+        return np.flatnonzero(mask)
+
+    def prefixed(self, prefix: str) -> np.ndarray:
+        """Rows whose name starts with `prefix` (any case), as a mask."""
+        if prefix not in self._masks:
+            self._masks[prefix] = pc.starts_with(self.name_arr, prefix, ignore_case=True
+                                                 ).to_numpy(zero_copy_only=False)
+        return self._masks[prefix]
+
+    def named(self, cats: tuple[int, ...], name: str) -> np.ndarray:
+        equal = pc.equal(self.name_arr, name).to_numpy(zero_copy_only=False)
+        return np.flatnonzero(np.isin(self.cat, cats) & equal)
+
+    def enclosing(self, outer: np.ndarray, inner: np.ndarray) -> np.ndarray:
+        """For each row of `inner`, the innermost row of `outer` on its host thread that covers
+        its start (-1 if none)."""
+        found = np.full(len(inner), -1, dtype=np.int64)
+        for thread in np.unique(self.thread[outer]):
+            mine = outer[self.thread[outer] == thread]
+            on = self.thread[inner] == thread
+            found[on] = _cover(mine, self.start[mine], self.end[mine], self.start[inner[on]])
+        return found
+
+    def set_comm(self, row: int, comm: str, group: str = "", peer: int = NO_INT,
+                 seq: int = NO_INT, nbytes: int = NO_INT, dtype: str = "") -> None:
+        self.comm[row], self.group[row], self.dtype[row] = comm, group, dtype
+        self.peer[row], self.seq[row], self.nbytes[row] = peer, seq, nbytes
+
+    def copy_comm(self, rows: list[int], sources: list[int]) -> None:
+        for col in (self.comm, self.group, self.dtype, self.peer, self.seq, self.nbytes):
+            col[rows] = col[sources]
+
+
+# --- communication ---------------------------------------------------------------------------
+def _args_comm(args: _Args) -> tuple[str, str, int, int, int, str]:
+    """comm, group, peer, seq, bytes, dtype from record_param_comms / NCCL kernel args."""
+    comm = comm_type(str(args.collective or ""))
+    group = args.pg_name if args.pg_name is not None else args.pg_id
+    peer = args.dst if comm == "send" else args.src if comm == "recv" else None
+    dtype = str(args.dtype or "")
+    return (comm, "" if group is None else str(group), _int(peer), _int(args.seq),
+            _nbytes(_int(args.nelems), dtype), dtype)
+
+
+def _host_comm(r: _Rank) -> None:
+    """record_param_comms args; comm types of c10d ops and of gloo / nccl annotations (gloo ones
+    are the executed comm ops: collective / p2p, with their tensor size)."""
+    for row in r.named((CPU_OP,), "record_param_comms"):
+        r.set_comm(row, *_args_comm(r.ev[row].args))
+    gloo = r.rows((ANNOTATION, GPU_ANNOTATION), "gloo:")
+    for row in np.concatenate([r.rows((CPU_OP,), "c10d::"), gloo,
+                               r.rows((ANNOTATION, GPU_ANNOTATION), "nccl:")]).tolist():
+        r.comm[row] = comm_type(r.names[row])
+    gloo = gloo[r.comm[gloo] != ""]
+    r.kind[gloo] = [_KIND_CODE[comm_kind(c)] for c in r.comm[gloo]]
+    for row in gloo.tolist():
+        r.nbytes[row], r.dtype[row] = _tensor_bytes(r.ev[row].args)
+
+
+def _p2p_peers(r: _Rank) -> None:
+    """Peer and tag (as event_id) of c10d send/recv ops and of the gloo:send/recv annotations
+    they enclose. Concrete Inputs = [tensors, process_group, peer, tag]; the peer is a
+    group-local rank: the gloo samples send on the default group, where local == global."""
+    calls = r.rows((CPU_OP,), "c10d::")
+    calls = calls[np.isin(r.comm[calls], ("send", "recv"))]
+    for row in calls.tolist():
+        inputs = _json(r.ev[row].args.inputs)
+        if isinstance(inputs, list) and len(inputs) >= 4:
+            r.peer[row], r.event_id[row] = _int(inputs[2]), _int(inputs[3])
+    gloo = r.rows((ANNOTATION,), "gloo:")
+    gloo = gloo[np.isin(r.comm[gloo], ("send", "recv"))]
+    outer = r.enclosing(calls, gloo)
+    gloo, outer = gloo[outer >= 0], outer[outer >= 0]
+    r.peer[gloo], r.event_id[gloo] = r.peer[outer], r.event_id[outer]
+
+
+def _tensor_bytes(args: _Args) -> tuple[int, str]:
+    """Size and element type of the first tensor of an op with recorded shapes."""
+    shape, types = _first_shape(_json(args.dims)), _json(args.types)
+    dtype = str(types[0]) if isinstance(types, list) and types else ""
+    return (_nbytes(math.prod(shape), dtype) if shape is not None else NO_INT), dtype
+
+
+def _launch_parents(r: _Rank) -> None:
+    """Device rows -> the runtime / driver call that launched them (same correlation id)."""
+    launches = r.rows((RUNTIME, DRIVER))
+    launches = launches[r.corr[launches] >= 0]
+    device = np.flatnonzero(r.device & (r.corr >= 0))
+    if not len(launches) or not len(device):
+        return
+    order = np.argsort(r.corr[launches], kind="stable")
+    keys = r.corr[launches][order]
+    pos = np.searchsorted(keys, r.corr[device]).clip(0, len(keys) - 1)
+    hit = keys[pos] == r.corr[device]
+    r.parent[device[hit]] = launches[order[pos[hit]]]
+
+
+def _kernel_comm(r: _Rank) -> None:
+    """NCCL/RCCL kernels: comm from their own args, else from the comm op enclosing their launch
+    (old traces: `nccl:all_to_all` runs SendRecv kernels), else from the kernel name."""
+    kernels = r.rows((KERNEL,))
+    with_args = np.array([r.ev[i].args.collective is not None for i in kernels.tolist()],
+                         dtype=bool)
+    kernels = kernels[with_args | r.prefixed("nccl")[kernels] | r.prefixed("rccl")[kernels]]
+    launches = r.parent[kernels]
+    context = np.full(len(kernels), -1, dtype=np.int64)
+    context[launches >= 0] = r.enclosing(np.flatnonzero(~r.device & (r.comm != "")),
+                                         launches[launches >= 0])
+    inherit: tuple[list[int], list[int]] = ([], [])
+    for row, ctx in zip(kernels.tolist(), context.tolist(), strict=True):
+        args = r.ev[row].args
+        if args.collective is not None:
+            r.set_comm(row, *_args_comm(args))
+        elif ctx >= 0:
+            inherit[0].append(row)
+            inherit[1].append(ctx)
+        else:
+            r.comm[row] = comm_type(r.names[row])
+    r.copy_comm(*inherit)
+    r.kind[kernels] = [_KIND_CODE[comm_kind(c)] for c in r.comm[kernels]]
+
+
+# --- threads, gloo workers and lanes ---------------------------------------------------------
+def _thread_names(r: _Rank) -> dict[int, str]:
+    """tid -> thread name; of several names for one tid, the last that is not the process name
+    (a thread first shows its parent's name, e.g. "python" then "pt_gloo_runloop")."""
+    process = {e.pid: e.args.name for e in r.meta_events if e.name == "process_name"}
+    chosen: dict[int, str] = {}
+    for e in r.meta_events:
+        match = _THREAD_NAME.match(str(e.args.name)) if e.name == "thread_name" else None
+        if match and (match[1] != process.get(e.pid) or _int(e.tid) not in chosen):
+            chosen[_int(e.tid)] = match[1]
+    return chosen
+
+
+def _gloo_workers(r: _Rank, names: dict[int, str]) -> np.ndarray:
+    """Host threads that execute gloo collectives for the calling thread: named
+    pt_gloo_runloop, or (older torch) running nothing but gloo collectives."""
+    gloo = r.rows((ANNOTATION,), "gloo:")
+    gloo = gloo[(r.comm[gloo] != "") & ~np.isin(r.comm[gloo], tuple(P2P_COMMS))]
+    threads, counts = np.unique(r.thread[~r.device], return_counts=True)
+    busy = dict(zip(threads.tolist(), counts.tolist(), strict=True))
+    gloo_threads, gloo_counts = np.unique(r.thread[gloo], return_counts=True)
+    workers = {t for t, c in zip(gloo_threads.tolist(), gloo_counts.tolist(), strict=True)
+               if busy[t] == c}
+    workers |= {t for t, name in names.items() if "gloo" in name}
+    return np.array(sorted(workers), dtype=np.int64)
+
+
+def _gloo_issuers(r: _Rank, workers: np.ndarray) -> np.ndarray:
+    """Worker-thread gloo collectives -> the c10d op that issued them: per (comm type, first
+    tensor shape), the earliest not yet executed c10d op started before (FIFO, as gloo runs a
+    group's work in issue order). Returns the worker rows."""
+    rows = r.rows((ANNOTATION,), "gloo:")
+    rows = rows[np.isin(r.thread[rows], workers) & (r.comm[rows] != "")]
+    calls = r.rows((CPU_OP,), "c10d::")
+    calls = calls[(r.comm[calls] != "") & ~np.isin(r.thread[calls], workers)]
+    queues: dict[tuple, deque[int]] = defaultdict(deque)
+    for row in calls[np.argsort(r.start[calls], kind="stable")].tolist():
+        queues[(r.comm[row], _first_shape(_json(r.ev[row].args.dims)))].append(row)
+    for row in rows[np.argsort(r.start[rows], kind="stable")].tolist():
+        queue = queues[(r.comm[row], _first_shape(_json(r.ev[row].args.dims)))]
+        if queue and r.start[queue[0]] <= r.start[row]:
+            r.parent[row] = queue.popleft()
+    return rows
+
+
+def _gloo_groups(r: _Rank, workers: np.ndarray, rows: np.ndarray, pg_config: list) -> None:
+    """Each gloo group runs on its own pair of worker threads, created with the group: with
+    2 workers per group of this rank, worker threads in tid order map to the groups in creation
+    (pg_name) order. Otherwise the group stays "" (with a warning)."""
+    if not len(rows):
+        return
+    names = [str(pg.get("pg_name", "")) for pg in pg_config if isinstance(pg, dict)]
+    if not names or not all(n.isdigit() for n in names) or (
+            len(workers) != _GLOO_THREADS_PER_GROUP * len(names)):
+        r.warnings.append(f"gloo: cannot tell which process group each of the {len(workers)} "
+                          f"worker threads serves ({len(names)} groups); group left empty")
+        return
+    order = sorted(names, key=int)
+    group_of = {t: order[i // _GLOO_THREADS_PER_GROUP] for i, t in enumerate(workers.tolist())}
+    r.group[rows] = [group_of[t] for t in r.thread[rows].tolist()]
+    issued = rows[r.parent[rows] >= 0]
+    r.group[r.parent[issued]] = r.group[issued]
+
+
+def _lanes(r: _Rank, names: dict[int, str], workers: np.ndarray
+           ) -> tuple[pa.Array, pa.Array]:
+    """lane and lane_kind columns; also fills `stream` on device rows."""
+    lane_names: list[str] = []
+    lane_kinds: list[str] = []
+    worker_set = set(workers.tolist())
+    codes = np.zeros(r.n, dtype=np.int32)
+    host = np.flatnonzero(~r.device)
+    tids, inverse = np.unique(r.thread[host], return_inverse=True)
+    for tid in tids.tolist():
+        name = names.get(tid, "")
+        lane_names.append(f"thread {tid} {name}" if name else f"thread {tid}")
+        lane_kinds.append(schema.COMM if tid in worker_set else schema.THREAD)
+    codes[host] = inverse
+    device = np.flatnonzero(r.device)
+    r.stream[device] = _device_streams(r, device)
+    pids = _ints([r.ev[i].pid for i in device])
+    keys, inverse = np.unique(np.stack([pids, r.stream[device]], axis=1), axis=0,
+                              return_inverse=True)
+    several = len(np.unique(pids)) > 1
+    for pid, stream in keys.tolist():
+        lane = f"stream {stream}" if stream >= 0 else "device sync"
+        lane_names.append(f"device {pid} {lane}" if several else lane)
+        lane_kinds.append(schema.STREAM)
+    codes[device] = len(tids) + inverse.reshape(-1)
+    return _dictionary(codes, lane_names), _dictionary(codes, lane_kinds)
+
+
+def _dictionary(codes: np.ndarray, values: list[str] | tuple[str, ...]) -> pa.Array:
+    """A string column given as codes into `values`."""
+    return pa.DictionaryArray.from_arrays(pa.array(codes.astype(np.int32)),
+                                          pa.array(values, pa.string()))
+
+
+def _device_streams(r: _Rank, device: np.ndarray) -> np.ndarray:
+    """Stream of each device row: its tid, or for cuda_sync its `stream` arg (newer kineto puts
+    Stream Sync on tid = stream + offset); context / event syncs have none."""
+    values = [r.ev[i].tid for i in device]
+    for k in np.flatnonzero(r.cat[device] == SYNC).tolist():
+        if r.ev[device[k]].args.stream is not None:
+            values[k] = r.ev[device[k]].args.stream
+    return _stream_ids(_ints(values))
+
+
+def _stream_ids(streams: np.ndarray) -> np.ndarray:
+    """Stream ids with "none" (-1, or 4294967295 as unsigned) as NO_INT."""
+    return np.where((streams < 0) | (streams >= 0xFFFFFFFF), NO_INT, streams)
+
+
+def _sync_and_copies(r: _Rank) -> None:
+    """cuda_sync: the stream and record an event wait is on; memcpy / memset sizes."""
+    for row in r.rows((SYNC,)).tolist():
+        args = r.ev[row].args
+        r.wait_on[row], r.event_id[row] = _int(args.wait_stream), _int(args.wait_corr)
+    r.wait_on[:] = _stream_ids(r.wait_on)
+    copies = r.rows((MEMCPY, MEMSET))
+    r.nbytes[copies] = _ints([r.ev[i].args.nbytes for i in copies])
+
+
+# --- step and annotation ---------------------------------------------------------------------
+_STEP = re.compile(r"^ProfilerStep#(\d+)$")
+
+
+def _context(r: _Rank) -> tuple[np.ndarray, pa.Array]:
+    """step (ProfilerStep#N covering the row by time) and annotation (innermost user annotation
+    on the row's own thread, or on any thread for threads without annotations; an annotation
+    is its own); device rows and gloo worker ops take their launching / issuing host op's."""
+    steps = r.rows((ANNOTATION,), "ProfilerStep#")
+    steps = steps[[bool(_STEP.match(r.names[i])) for i in steps.tolist()]]
+    users = r.rows((ANNOTATION,))
+    users = users[~(r.prefixed("ProfilerStep#") | r.prefixed("gloo:")
+                    | r.prefixed("nccl:"))[users]]
+    step_no = np.full(r.n + 1, NO_INT, dtype=np.int32)
+    step_no[steps] = [int(_STEP.match(r.names[i])[1]) for i in steps.tolist()]
+    step = step_no[_cover(steps, r.start[steps], r.end[steps], r.start)]
+    label = np.full(r.n, -1, dtype=np.int64)
+    host = np.flatnonzero(~r.device)
+    own = np.isin(r.thread[host], r.thread[users])
+    label[host[own]] = r.enclosing(users, host[own])
+    label[host[~own]] = _cover(users, r.start[users], r.end[users], r.start[host[~own]])
+    child = np.flatnonzero(r.parent >= 0)
+    step[child], label[child] = step[r.parent[child]], label[r.parent[child]]
+    label[r.device & (r.parent < 0)] = -1
+    names = pa.concat_arrays([r.name_arr, pa.array([""], pa.string())])
+    return step, names.take(pa.array(np.where(label >= 0, label, r.n)))
+
+
+# --- groups and meta -------------------------------------------------------------------------
+def _group_ranks(value: object, size: object) -> tuple[int, ...]:
+    """Member ranks from a list or its JSON string; () when unreadable or truncated."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return ()
+    if not isinstance(value, list) or (_int(size) > 0 and len(value) != _int(size)):
+        return ()
+    return tuple(sorted(_int(v) for v in value))
+
+
+def _groups(r: _Rank, pg_config: list) -> list[GroupInfo]:
+    """Groups from distributedInfo.pg_config, then from comm args for groups it lacks."""
+    groups = {}
+    for pg in pg_config:
+        if isinstance(pg, dict) and "pg_name" in pg:
+            gid = str(pg["pg_name"])
+            groups[gid] = GroupInfo(gid, gid, str(pg.get("pg_desc", "") or ""),
+                                    _group_ranks(pg.get("ranks"), pg.get("pg_size")), "pg_config")
+    carriers = np.flatnonzero((r.group != "") & np.isin(r.cat, (CPU_OP, KERNEL)))
+    for row in carriers.tolist():
+        gid, args = r.group[row], r.ev[row].args
+        if gid not in groups and args.collective is not None:
+            groups[gid] = GroupInfo(gid, gid, str(args.pg_desc or ""),
+                                    _group_ranks(args.pg_ranks, args.group_size),
+                                    "Process Group Ranks")
+    return list(groups.values())
+
+
+_VERSION_KEYS = (("schema", "schemaVersion"), ("cupti", "cupti_version"),
+                 ("cuda_runtime", "cuda_runtime_version"), ("cuda_driver", "cuda_driver_version"),
+                 ("hip_runtime", "hip_runtime_version"), ("roctracer", "roctracer_version"))
+
+
+def _meta(trace: _Trace, info: dict, root: str, base_ns: int, rows: int) -> dict[str, object]:
+    versions = [(k, getattr(trace, attr)) for k, attr in _VERSION_KEYS]
+    versions.append(("nccl", info.get("nccl_version")))
+    devices = trace.deviceProperties if isinstance(trace.deviceProperties, list) else []
+    device = devices[0].get("name", "") if devices and isinstance(devices[0], dict) else ""
+    return {
+        "framework": "pytorch", "format": "kineto", "path": root,
+        "version": ";".join(f"{k}={v}" for k, v in versions if v is not None),
+        "device": str(device), "backend": str(info.get("backend", "") or ""),
+        "world_size": _int(info.get("world_size")), "clock_base_ns": base_ns, "events": rows,
+    }
+
+
+# --- entry point -----------------------------------------------------------------------------
+def parse(files: RankFiles, read: Reader) -> ParsedRank:
+    """One rank's Kineto trace -> normalized events, groups and meta."""
+    trace, warnings = _decode(read(files.files["trace"]), files.root)
+    info = trace.distributedInfo if isinstance(trace.distributedInfo, dict) else {}
+    rank = _rank_of(info)
+    rank = files.rank if rank is None else rank
+    if rank is None:
+        raise TraceError(f"{files.root}: no rank id (no distributedInfo.rank, none in the file "
+                         f"name); pass --rank-map")
+    base_ns = max(_int(trace.baseTimeNanoseconds), 0)
+    pg_config = info.get("pg_config") if isinstance(info.get("pg_config"), list) else []
+    r = _Rank(trace, base_ns)
+    if trace.baseTimeNanoseconds is None and r.n and r.start.min() < _RELATIVE_BELOW_NS:
+        # kineto builds of 2024-25 write the base after traceEvents: a cut file loses it
+        r.warnings.append(f"{files.root}: ts are relative but baseTimeNanoseconds is missing: "
+                          f"the clock base is unknown")
+    _host_comm(r)
+    _p2p_peers(r)
+    _launch_parents(r)
+    _kernel_comm(r)
+    names = _thread_names(r)
+    workers = _gloo_workers(r, names)
+    _gloo_groups(r, workers, _gloo_issuers(r, workers), pg_config)
+    _sync_and_copies(r)
+    return ParsedRank(rank=rank, events=_table(r, rank, names, workers),
+                      groups=_groups(r, pg_config),
+                      meta=_meta(trace, info, files.root, base_ns, r.n),
+                      warnings=warnings + r.warnings)
+
+
+def _table(r: _Rank, rank: int, names: dict[int, str], workers: np.ndarray) -> pa.Table:
+    lane, lane_kind = _lanes(r, names, workers)
+    step, annotation = _context(r)
+    return schema.events_table({
+        "rank": np.full(r.n, rank, dtype=np.int32), "lane": lane, "lane_kind": lane_kind,
+        "stream": r.stream, "name": r.name_arr, "kind": _dictionary(r.kind, schema.KINDS),
+        "comm": r.comm, "start_ns": r.start, "dur_ns": r.dur, "group": r.group,
+        "peer": r.peer, "seq": r.seq, "bytes": r.nbytes, "dtype": r.dtype,
+        "correlation": r.corr, "event_id": r.event_id, "wait_on_stream": r.wait_on,
+        "task_type": _dictionary(r.cat, _CAT_NAMES), "step": step, "annotation": annotation,
+    }, r.n)

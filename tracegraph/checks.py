@@ -1,0 +1,412 @@
+"""Checks a profile must pass: rules from a TOML file or a built-in preset, evaluated on an
+`Analysis`. A failing check names the offending ranks, pipeline stages, ops and times.
+
+A rules file:
+
+    presets = ["hsdp-async-reduction"]      # optional: include a preset's rules
+
+    [[rule]]
+    type = "max_step_time"                  # one of RULES
+    ms = 250
+    name = "step under 250 ms"              # optional: the check's name in reports and JUnit
+
+Rule types (times in ms on the aligned clock, per step unless said otherwise):
+- max_step_time(ms): the slowest rank's step time, every step.
+- max_bubble(category, ms): bubble time charged to a root-cause category, per rank and step.
+- max_group_wait(dim, ms): the longest single main-lane wait released directly by communication
+  of a group kind (dp, pp, ep).
+- no_reduction_wait_before_p2p(max_ms, within_ms): no main-lane wait longer than max_ms released
+  directly by a DP reduction (or by a record right after one) with the rank's next P2P posted
+  within within_ms of its end: the reduction gated the P2P.
+- p2p_before_reduction_end(min_ms, within_ms): the P2P that follows a stage's DP reductions on a
+  rank is posted before they complete, not within within_ms after they did.
+- min_overlap(dim, ratio): on every rank, at least this share of the group kind's communication
+  time overlaps main-lane compute.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from parsers.base import TraceError
+from parsers.classify import P2P_COMMS
+from tracegraph import metrics, schema
+from tracegraph.analysis import Analysis
+from tracegraph.blame import Bubble
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+NS_PER_MS = 1e6
+
+
+@dataclass
+class Violation:
+    """One offending place: a rank, its pipeline stage when known, the step, and what happened."""
+
+    rank: int
+    step: int
+    text: str
+    stage: int = -1
+    start_ms: float | None = None  # since the analysis origin
+    end_ms: float | None = None
+
+    def line(self) -> str:
+        stage = f" (stage {self.stage})" if self.stage >= 0 else ""
+        return f"rank {self.rank}{stage} step {self.step}: {self.text}"
+
+
+@dataclass
+class CheckResult:
+    """The outcome of one rule on one analysis."""
+
+    name: str
+    rule: str
+    passed: bool
+    summary: str  # one line with the measured numbers
+    violations: list[Violation] = field(default_factory=list)
+    value: float | None = None  # the measured number the rule bounds
+
+    def as_dict(self) -> dict[str, object]:
+        return {"name": self.name, "rule": self.rule, "passed": self.passed,
+                "summary": self.summary, "value": _round(self.value),
+                "violations": [{"rank": v.rank, "stage": v.stage, "step": v.step,
+                                "start_ms": _round(v.start_ms), "end_ms": _round(v.end_ms),
+                                "text": v.text} for v in self.violations]}
+
+
+@dataclass
+class Rule:
+    """A rule type with its parameters."""
+
+    type: str
+    params: dict[str, object]
+    name: str = ""
+
+    @property
+    def title(self) -> str:
+        args = ", ".join(f"{k}={v}" for k, v in self.params.items())
+        return self.name or f"{self.type}({args})"
+
+
+PRESETS: dict[str, list[Rule]] = {
+    "hsdp-async-reduction": [
+        Rule("no_reduction_wait_before_p2p", {"max_ms": 1.0, "within_ms": 1.0},
+             "main lane never waits on a DP reduction before its P2P"),
+        Rule("p2p_before_reduction_end", {"min_ms": 1.0, "within_ms": 1.0},
+             "P2P posted before the stage reduction completes"),
+        Rule("min_overlap", {"dim": "dp", "ratio": 0.25},
+             "DP reduction overlaps main-lane compute"),
+    ],
+}
+"""Built-in rule sets. hsdp-async-reduction encodes the acceptance list of asynchronous HSDP stage
+reduction under PP/VPP: the reduction no longer blocks BWD_SEND, the P2P is posted before the
+reduction completes, and the reduction overlaps later chunk compute."""
+
+
+# --- loading rules -----------------------------------------------------------------------------
+def load_rules(path: Path | None = None, presets: list[str] | tuple[str, ...] = ()) -> list[Rule]:
+    """The rules of a TOML file plus those of the named presets; TraceError when invalid."""
+    rules = [rule for name in presets for rule in preset(name)]
+    if path is None:
+        return rules
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except tomllib.TOMLDecodeError as error:
+        raise TraceError(f"{path}: not valid TOML ({error})") from None
+    for name in _strings(data.get("presets", []), path, "presets"):
+        rules += preset(name)
+    entries = data.get("rule", [])
+    if not isinstance(entries, list):
+        raise TraceError(f"{path}: [[rule]] must be an array of tables")
+    rules += [_rule(entry, path) for entry in entries]
+    if not rules:
+        raise TraceError(f"{path}: no rules (add [[rule]] tables or presets = [...])")
+    return rules
+
+
+def preset(name: str) -> list[Rule]:
+    """A built-in preset's rules."""
+    if name not in PRESETS:
+        raise TraceError(f"unknown preset {name!r}; known: {', '.join(sorted(PRESETS))}")
+    return list(PRESETS[name])
+
+
+def _strings(value: object, path: Path, key: str) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise TraceError(f"{path}: {key} must be a list of strings")
+    return value
+
+
+def _rule(entry: object, path: Path) -> Rule:
+    if not isinstance(entry, dict) or "type" not in entry:
+        raise TraceError(f"{path}: every [[rule]] needs a type (one of {', '.join(RULES)})")
+    params = {k: v for k, v in entry.items() if k not in ("type", "name")}
+    rule = Rule(str(entry["type"]), params, str(entry.get("name", "")))
+    _validate(rule, path)
+    return rule
+
+
+def _validate(rule: Rule, path: Path) -> None:
+    if rule.type not in RULES:
+        raise TraceError(f"{path}: unknown rule type {rule.type!r}; known: {', '.join(RULES)}")
+    _, needed, optional = RULES[rule.type]
+    missing = [k for k in needed if k not in rule.params]
+    unknown = [k for k in rule.params if k not in needed and k not in optional]
+    if missing or unknown:
+        raise TraceError(f"{path}: rule {rule.type}: "
+                         + "; ".join([f"missing {', '.join(missing)}"] * bool(missing)
+                                     + [f"unknown {', '.join(unknown)}"] * bool(unknown)))
+    for key, value in rule.params.items():
+        if key in ("dim", "category"):
+            allowed = _DIMS if key == "dim" else schema.CATEGORIES
+            if value not in allowed:
+                raise TraceError(f"{path}: rule {rule.type}: {key} must be one of "
+                                 f"{', '.join(allowed)}, not {value!r}")
+        elif not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
+            raise TraceError(f"{path}: rule {rule.type}: {key} must be a number >= 0")
+
+
+# --- evaluating --------------------------------------------------------------------------------
+def evaluate(rules: list[Rule], analysis: Analysis) -> list[CheckResult]:
+    """Every rule on `analysis`."""
+    facts = Facts(analysis)
+    results = []
+    for rule in rules:
+        check, _, optional = RULES[rule.type]
+        result = check(facts, **(optional | rule.params))
+        result.name, result.rule = rule.title, rule.type
+        results.append(result)
+    return results
+
+
+class Facts:
+    """What the rules look at, computed once per analysis."""
+
+    def __init__(self, analysis: Analysis) -> None:
+        self.analysis = analysis
+        self.origin = analysis.origin
+
+    @cached_property
+    def times(self) -> tuple[np.ndarray, np.ndarray]:
+        return metrics.aligned(self.analysis)
+
+    @cached_property
+    def steps(self) -> pd.DataFrame:
+        return metrics.step_table(self.analysis)
+
+    @cached_property
+    def stages(self) -> dict[int, int]:
+        return pipeline_stages(self.analysis)
+
+    @cached_property
+    def p2p_posts(self) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        """Rank -> (sorted aligned starts, op index) of its P2P ops (host calls on CPU ranks)."""
+        frame = self.analysis.ops.frame
+        p2p = (frame["comm"].isin(P2P_COMMS) & frame["kind"].isin([schema.P2P, schema.HOST])
+               ).to_numpy()
+        return _by_rank(frame["rank"].to_numpy(), np.flatnonzero(p2p), self.times[0])
+
+    def ms(self, ns: float) -> float:
+        """Aligned ns as ms since the analysis origin."""
+        return (ns - self.origin) / NS_PER_MS
+
+    def step_of(self, rank: int, when: int) -> int:
+        mine = self.steps[(self.steps["rank"] == rank) & (self.steps["start"] <= when)
+                          & (self.steps["end"] >= when)]
+        return int(mine["step"].iloc[0]) if len(mine) else -1
+
+    def step_end(self, rank: int, step: int) -> int:
+        mine = self.steps[(self.steps["rank"] == rank) & (self.steps["step"] == step)]
+        return int(mine["end"].iloc[0]) if len(mine) else np.iinfo(np.int64).max
+
+    def first_p2p_after(self, rank: int, when: int) -> int:
+        """Index of the rank's first P2P posted at or after `when` (-1 if none)."""
+        starts, idx = self.p2p_posts.get(rank, (np.zeros(0), np.zeros(0, dtype=np.int64)))
+        pos = np.searchsorted(starts, when, "left")
+        return int(idx[pos]) if pos < len(idx) else -1
+
+    def violation(self, rank: int, step: int, text: str, start: int | None = None,
+                  end: int | None = None) -> Violation:
+        return Violation(rank, step, text, self.stages.get(rank, -1),
+                         None if start is None else self.ms(start),
+                         None if end is None else self.ms(end))
+
+    def op_text(self, i: int) -> str:
+        frame, (start, end) = self.analysis.ops.frame, self.times
+        return (f"{frame.at[i, 'lane']} {frame.at[i, 'name']} "
+                f"{self.ms(start[i]):.3f}–{self.ms(end[i]):.3f} ms")
+
+
+def _by_rank(ranks: np.ndarray, idx: np.ndarray, start: np.ndarray
+             ) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    out = {}
+    for rank in np.unique(ranks[idx]):
+        mine = idx[ranks[idx] == rank]
+        mine = mine[np.argsort(start[mine], kind="stable")]
+        out[int(rank)] = (start[mine], mine)
+    return out
+
+
+def pipeline_stages(analysis: Analysis) -> dict[int, int]:
+    """Rank -> pipeline stage: its position, in rank order, among the ranks its PP groups connect
+    (the usual layout numbers stages in rank order); empty when the profile has no PP group."""
+    groups = analysis.trace.groups
+    parent: dict[int, int] = {}
+
+    def find(r: int) -> int:
+        while parent.setdefault(r, r) != r:
+            r = parent[r]
+        return r
+
+    for ranks in groups.loc[groups["dim"] == "pp", "ranks"] if len(groups) else []:
+        members = [int(r) for r in ranks]
+        for r in members[1:]:
+            parent[find(r)] = find(members[0])
+    pipelines: dict[int, list[int]] = {}
+    for r in parent:
+        pipelines.setdefault(find(r), []).append(r)
+    return {r: i for members in pipelines.values() for i, r in enumerate(sorted(members))}
+
+
+# --- the rules ---------------------------------------------------------------------------------
+def max_step_time(facts: Facts, ms: float) -> CheckResult:
+    steps = facts.steps
+    worst = steps.loc[steps.groupby("step")["ms"].idxmax()]
+    over = worst[worst["ms"] > ms]
+    found = [facts.violation(int(r.rank), int(r.step), f"step time {r.ms:.3f} ms > {ms} ms",
+                             int(r.start), int(r.end)) for r in over.itertuples()]
+    top = worst.loc[worst["ms"].idxmax()] if len(worst) else None
+    summary = (f"slowest step {int(top.step)}: {top.ms:.3f} ms on rank {int(top.rank)} (limit "
+               f"{ms} ms)" if top is not None else "no steps")
+    return _result(found, summary, None if top is None else float(top.ms))
+
+
+def max_bubble(facts: Facts, category: str, ms: float) -> CheckResult:
+    mine = [b for b in facts.analysis.bubbles if category in b.by_category()]
+    charged: dict[tuple[int, int], list[Bubble]] = {}
+    for bubble in mine:
+        charged.setdefault((bubble.rank, bubble.step), []).append(bubble)
+    totals = {key: sum(b.by_category()[category] for b in bs) / NS_PER_MS
+              for key, bs in charged.items()}
+    found = []
+    for (rank, step), total in sorted(totals.items(), key=lambda kv: -kv[1]):
+        if total > ms:
+            top = max(charged[(rank, step)], key=lambda b: b.by_category()[category])
+            found.append(facts.violation(rank, step, f"{total:.3f} ms of {category} > {ms} ms; "
+                                         f"longest: {_bubble_text(facts, top)}",
+                                         top.start, top.end))
+    worst = max(totals.values(), default=0.0)
+    return _result(found, f"most {category} on one rank in one step: {worst:.3f} ms (limit "
+                          f"{ms} ms)", worst)
+
+
+def max_group_wait(facts: Facts, dim: str, ms: float) -> CheckResult:
+    category = metrics.category_of_dim(dim)
+    waits = [b for b in facts.analysis.bubbles
+             if (piece := metrics.releaser(b)) is not None and piece.category == category]
+    found = [facts.violation(b.rank, b.step, _bubble_text(facts, b), b.start, b.end)
+             for b in waits if b.dur / NS_PER_MS > ms]
+    worst = max((b.dur / NS_PER_MS for b in waits), default=0.0)
+    return _result(found, f"longest main-lane wait released by {dim} communication: "
+                          f"{worst:.3f} ms (limit {ms} ms)", worst)
+
+
+def no_reduction_wait_before_p2p(facts: Facts, max_ms: float, within_ms: float) -> CheckResult:
+    found, longest = [], 0.0
+    for bubble in facts.analysis.bubbles:
+        piece = metrics.releaser(bubble)
+        if piece is None or not metrics.is_reduction(piece) or bubble.dur / NS_PER_MS <= max_ms:
+            continue
+        p2p = facts.first_p2p_after(bubble.rank, bubble.end - metrics.SETTLE_NS)
+        gap = (facts.times[0][p2p] - bubble.end) / NS_PER_MS if p2p >= 0 else np.inf
+        if gap <= within_ms:
+            longest = max(longest, bubble.dur / NS_PER_MS)
+            found.append(facts.violation(
+                bubble.rank, bubble.step, f"{_bubble_text(facts, bubble)}; then "
+                f"{facts.op_text(p2p)} posted {gap:.3f} ms after the wait",
+                bubble.start, bubble.end))
+    return _result(found, f"{len(found)} main-lane waits on a DP reduction gate a P2P "
+                          f"(longest {longest:.3f} ms; limit {max_ms} ms)", longest)
+
+
+def p2p_before_reduction_end(facts: Facts, min_ms: float, within_ms: float) -> CheckResult:
+    frame, (start, end) = facts.analysis.ops.frame, facts.times
+    dims = metrics.comm_dims(facts.analysis)
+    reductions = np.flatnonzero((dims == "dp") & frame["comm"].isin(metrics.REDUCTIONS).to_numpy()
+                                & (frame["kind"] == schema.COLLECTIVE).to_numpy())
+    stage_reductions: dict[int, list[int]] = {}
+    for i in reductions:
+        rank = int(frame.at[i, "rank"])
+        p2p = facts.first_p2p_after(rank, start[i])
+        if p2p >= 0 and start[p2p] <= facts.step_end(rank, facts.step_of(rank, start[i])):
+            stage_reductions.setdefault(p2p, []).append(int(i))
+    found, checked = [], 0
+    for p2p, members in stage_reductions.items():
+        lo, hi = start[members].min(), end[members].max()
+        if (hi - lo) / NS_PER_MS < min_ms:
+            continue
+        checked += 1
+        late = (start[p2p] - hi) / NS_PER_MS
+        if 0 <= late <= within_ms:
+            rank = int(frame.at[p2p, "rank"])
+            found.append(facts.violation(
+                rank, facts.step_of(rank, start[p2p]),
+                f"{facts.op_text(p2p)} posted {late:.3f} ms after its stage reduction completed "
+                f"({len(members)} ops, {facts.op_text(members[int(np.argmax(end[members]))])}, "
+                f"{(hi - lo) / NS_PER_MS:.3f} ms)", int(lo), int(hi)))
+    return _result(found, f"{checked - len(found)} of {checked} P2P ops after a stage reduction "
+                          f"posted before it completed", float(len(found)))
+
+
+def min_overlap(facts: Facts, dim: str, ratio: float) -> CheckResult:
+    table = metrics.overlap_table(facts.analysis)
+    sums = table[table["dim"] == dim].groupby("rank")[["comm_ms", "overlap_ms"]].sum()
+    sums = sums[sums["comm_ms"] > 0]
+    shares = sums["overlap_ms"] / sums["comm_ms"]
+    found = [facts.violation(int(rank), -1, f"{share:.1%} of {sums.at[rank, 'comm_ms']:.3f} ms "
+                             f"of {dim} communication overlaps main-lane compute (< {ratio:.0%})")
+             for rank, share in shares.items() if share < ratio]
+    overall = float(sums["overlap_ms"].sum() / sums["comm_ms"].sum()) if len(sums) else 0.0
+    return _result(found, f"{dim} communication overlapped by compute: {overall:.1%} overall, "
+                          f"lowest rank {shares.min() if len(shares) else 0:.1%} (at least "
+                          f"{ratio:.0%})", overall)
+
+
+def _result(found: list[Violation], summary: str, value: float | None) -> CheckResult:
+    return CheckResult(name="", rule="", passed=not found, summary=summary, violations=found,
+                       value=value)
+
+
+def _bubble_text(facts: Facts, bubble: Bubble) -> str:
+    piece = metrics.releaser(bubble)
+    released = (f", released by rank {piece.rank} {piece.lane} {piece.name} [{piece.category}]"
+                if piece else "")
+    return (f"{bubble.lane} {bubble.name} {facts.ms(bubble.start):.3f}–{facts.ms(bubble.end):.3f}"
+            f" ms ({bubble.dur / NS_PER_MS:.3f} ms){released}")
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None or not np.isfinite(value) else round(float(value), 4)
+
+
+_DIMS = ("dp", "pp", "ep")
+RULES: dict[str, tuple[Callable[..., CheckResult], tuple[str, ...], dict[str, object]]] = {
+    "max_step_time": (max_step_time, ("ms",), {}),
+    "max_bubble": (max_bubble, ("category", "ms"), {}),
+    "max_group_wait": (max_group_wait, ("dim", "ms"), {}),
+    "no_reduction_wait_before_p2p": (no_reduction_wait_before_p2p, (),
+                                     {"max_ms": 1.0, "within_ms": 1.0}),
+    "p2p_before_reduction_end": (p2p_before_reduction_end, (), {"min_ms": 1.0, "within_ms": 1.0}),
+    "min_overlap": (min_overlap, ("dim",), {"ratio": 0.25}),
+}
+"""Rule type -> (function, required parameters, optional parameters with defaults)."""
