@@ -17,6 +17,7 @@ from tracegraph.ops import Ops, build_ops
 from tracegraph.trace import Trace
 
 SLOW_RANK_FACTOR = 1.15  # compute busier than this × the median of the other ranks = straggler
+SLOW_RANK_SHARE = 0.05  # ... and by at least this share of the profiled time
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 
 
@@ -60,7 +61,7 @@ def analyze(trace: Trace, *, threshold_ms: float = 1.0) -> Analysis:
     start, end = ops.start - shift, ops.end - shift
     steps = step_windows(trace.events, offsets)
     blamer = Blamer(ops, matches, start, end, trace.groups, set())
-    slow = blamer.slow_ranks = slow_ranks(ops, blamer)
+    slow = blamer.slow_ranks = slow_ranks(ops, blamer, _profiled_ns(steps, start, end))
     bubbles = find_bubbles(ops, blamer, steps, int(threshold_ms * 1e6))
     paths = {int(step): critical_path(blamer, _ops_in(start, end, lo, hi), (lo, hi))
              for step, lo, hi in _step_spans(steps, start, end)}
@@ -84,8 +85,9 @@ def step_windows(events: pd.DataFrame, offsets: dict[int, int]) -> pd.DataFrame:
         ["rank", "step"], keep="last")
 
 
-def slow_ranks(ops: Ops, blamer: Blamer) -> set[int]:
-    """Ranks whose main-lane work exceeds the other ranks' median by SLOW_RANK_FACTOR.
+def slow_ranks(ops: Ops, blamer: Blamer, profiled_ns: int) -> set[int]:
+    """Ranks whose main-lane work exceeds the other ranks' median by SLOW_RANK_FACTOR and by
+    SLOW_RANK_SHARE of the profiled time.
 
     Work is compute on a device stream; on a host thread, ops plus annotation-only stretches
     that no other thread's op released (sleeping or Python work, not waiting)."""
@@ -100,8 +102,20 @@ def slow_ranks(ops: Ops, blamer: Blamer) -> set[int]:
                 total += int(blamer.end[i] - blamer.start[i])
         busy[rank] = total
     work = pd.Series(busy, dtype="int64")
-    return {int(rank) for rank, ns in work.items()
-            if len(work) > 1 and ns > SLOW_RANK_FACTOR * work.drop(rank).median()}
+    slow = set()
+    for rank, ns in work.items():
+        others = work.drop(rank).median() if len(work) > 1 else ns
+        if ns > SLOW_RANK_FACTOR * others and ns - others > SLOW_RANK_SHARE * profiled_ns:
+            slow.add(int(rank))
+    return slow
+
+
+def _profiled_ns(steps: pd.DataFrame, start: np.ndarray, end: np.ndarray) -> int:
+    """The time the profile covers: the sum of step lengths, else the whole span."""
+    if len(steps):
+        return int((steps.groupby("step")["end"].max() - steps.groupby("step")["start"].min()
+                    ).sum())
+    return int(end.max() - start.min()) if len(start) else 0
 
 
 def find_bubbles(ops: Ops, blamer: Blamer, steps: pd.DataFrame, threshold_ns: int

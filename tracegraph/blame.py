@@ -81,10 +81,14 @@ class Bubble:
         return max(pieces, key=lambda p: p.dur) if pieces else None
 
     def chain(self) -> list[int]:
-        """Ranks in causal order: this rank, then each rank the explanation reached."""
+        """Ranks in causal order: this rank, then each rank the explanation reached walking
+        back in time, up to the root's rank."""
         ranks = [self.rank]
+        root = self.root
         for piece in sorted(self.intervals, key=lambda p: -p.start):
-            if piece.rank not in ranks:
+            if root is not None and ranks[-1] == root.rank and piece.start < root.start:
+                break
+            if piece.rank != ranks[-1] and piece.rank not in ranks:
                 ranks.append(piece.rank)
         return ranks
 

@@ -21,6 +21,7 @@ from tracegraph.ops import Ops
 
 RECORD_WINDOW_NS = 5_000  # a blocking wait ends at most this long after the record it waited on
 BLOCKING_WAIT_NS = 1_000  # shorter waits were already satisfied: no dependency to draw
+ORDER_OVERLAP_SLACK_NS = 100_000  # members of an order-matched instance must overlap so nearly
 
 
 @dataclass
@@ -153,7 +154,9 @@ def _link_pair(idx: np.ndarray, frame: pd.DataFrame, result: Matches) -> None:
 def _match_collectives(ops: Ops, group_members: dict[str, tuple[int, ...]],
                        result: Matches) -> pd.DataFrame:
     frame = ops.frame
-    coll = frame[(frame["kind"] == schema.COLLECTIVE) & (frame["group"] != "")]
+    coll = frame[frame["kind"] == schema.COLLECTIVE]
+    coll = coll.assign(group=coll["group"].where(coll["group"] != "", "stream " +
+                                                  coll["stream"].astype(str)))
     rows = []
     for group, ops_of_group in coll.groupby("group"):
         keyed, safe = _instance_keys(str(group), ops_of_group, result.warnings)
@@ -187,4 +190,24 @@ def _instance_keys(group: str, ops: pd.DataFrame, warnings: list[str]) -> tuple[
             f"({', '.join(f'rank {r}: {n}' for r, n in counts.items())} ops); "
             "matching by order is unsafe (sampled or truncated trace?), instances not matched")
         return pd.Series(-1 - np.arange(len(ordered)), index=ordered.index), False
+    apart = _instances_apart(ordered, nth)
+    if apart:
+        warnings.append(
+            f"group {group}: {apart} order-matched instances have members that never run at the "
+            "same time; matching by order is unsafe (sampled trace?), instances not matched")
+        return pd.Series(-1 - np.arange(len(ordered)), index=ordered.index), False
     return nth.reindex(ops.index), True
+
+
+def _instances_apart(ordered: pd.DataFrame, nth: pd.Series) -> int:
+    """How many order-matched instances have members whose executions do not overlap, once
+    each rank is shifted by its median end difference (its clock offset). Members of one real
+    instance all run until the last one finishes, so they always overlap."""
+    table = ordered.assign(nth=nth)
+    starts = table.pivot_table(index="nth", columns="rank", values="start", aggfunc="first")
+    ends = table.pivot_table(index="nth", columns="rank", values="end", aggfunc="first")
+    if ends.shape[1] < 2:
+        return 0
+    shift = ends.sub(ends.iloc[:, 0], axis=0).median()
+    starts, ends = starts - shift, ends - shift
+    return int((starts.max(axis=1) > ends.min(axis=1) + ORDER_OVERLAP_SLACK_NS).sum())
