@@ -16,6 +16,7 @@ from rich.table import Table
 from parsers.base import TraceError
 from reports.terminal import print_analysis
 from tracegraph.analysis import analyze as run_analysis
+from tracegraph.distributed import dask_executor
 from tracegraph.graph import write_graph
 from tracegraph.inventory import inventory
 from tracegraph.loader import load
@@ -36,6 +37,8 @@ NoCache = Annotated[bool, typer.Option("--no-cache", help="Neither read nor writ
 Jobs = Annotated[int | None, typer.Option(help="Parallel parser processes (default: CPUs).")]
 RankMap = Annotated[Path | None, typer.Option(
     help='JSON file mapping a profile (path or file name) to its rank: {"a.json": 3}.')]
+Dask = Annotated[str | None, typer.Option(
+    help='Parse ranks on a Dask cluster: "local" or a scheduler address (tcp://host:8786).')]
 
 
 def friendly_errors(command: F) -> F:
@@ -53,10 +56,15 @@ def friendly_errors(command: F) -> F:
 
 
 def _load(bundle: Path, cache_dir: Path | None, no_cache: bool, jobs: int | None,
-          rank_map: Path | None):
+          rank_map: Path | None, dask: str | None = None):
     mapping = _read_rank_map(rank_map) if rank_map else None
-    trace = load(bundle, cache_dir=cache_dir, use_cache=not no_cache, jobs=jobs,
-                 rank_map=mapping, progress=sys.stderr.isatty())
+    options = {"cache_dir": cache_dir, "use_cache": not no_cache, "jobs": jobs,
+               "rank_map": mapping, "progress": sys.stderr.isatty()}
+    if dask:
+        with dask_executor(dask, jobs) as executor:
+            trace = load(bundle, executor=executor, **options)
+    else:
+        trace = load(bundle, **options)
     for warning in trace.warnings:
         err.print(f"[yellow]warning:[/yellow] {warning}", highlight=False, soft_wrap=True)
     return trace
@@ -79,6 +87,7 @@ def analyze(
     no_cache: NoCache = False,
     jobs: Jobs = None,
     rank_map: RankMap = None,
+    dask: Dask = None,
     step: Annotated[int | None, typer.Option(help="Only this ProfilerStep number.")] = None,
     top: Annotated[int, typer.Option(help="Bubbles to show, longest first (0: all).")] = 10,
     threshold_ms: Annotated[float, typer.Option(help="Shortest stall counted a bubble.")] = 1.0,
@@ -86,7 +95,7 @@ def analyze(
         "--inventory-only", help="Only list what the bundle holds; no analysis.")] = False,
 ) -> None:
     """Read every rank's profile, then explain each step's bubbles down to their root causes."""
-    trace = _load(bundle, cache_dir, no_cache, jobs, rank_map)
+    trace = _load(bundle, cache_dir, no_cache, jobs, rank_map, dask)
     summary = inventory(trace)
     if not inventory_only:
         analysis = run_analysis(trace, threshold_ms=threshold_ms)
@@ -111,9 +120,10 @@ def export(
     no_cache: NoCache = False,
     jobs: Jobs = None,
     rank_map: RankMap = None,
+    dask: Dask = None,
 ) -> None:
     """Write the normalized tables as Parquet (schema: tracegraph/schema.py, docs/schema.md)."""
-    trace = _load(bundle, cache_dir, no_cache, jobs, rank_map)
+    trace = _load(bundle, cache_dir, no_cache, jobs, rank_map, dask)
     for path in trace.to_parquet(parquet):
         out.print(f"wrote {path}", highlight=False)
 
@@ -159,6 +169,7 @@ def _print_inventory(summary: dict[str, object]) -> None:
 def main() -> None:
     """Entry point for `python -m tracegraph`."""
     app()
+
 
 from reports.report_cli import report_command  # noqa: E402
 

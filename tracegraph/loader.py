@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Executor, ProcessPoolExecutor
 from pathlib import Path
 
 import pandas as pd
@@ -30,15 +30,19 @@ def load(
     jobs: int | None = None,
     rank_map: dict[str, int] | None = None,
     progress: bool = False,
+    executor: Executor | None = None,
 ) -> Trace:
-    """Read every rank profile under `path` (directory, archive or file) into one `Trace`."""
+    """Read every rank profile under `path` (directory, archive or file) into one `Trace`.
+
+    Ranks are parsed in a local process pool, or on `executor` (e.g. a Dask cluster's, see
+    tracegraph.distributed) when given."""
     with open_bundle(path) as bundle:
         forced = _forced_ranks(bundle.profiles, rank_map or {})
         profiles = [RankFiles(p.format, p.root, p.files, forced.get(p.root, p.rank))
                     for p in bundle.profiles]
         store = (cache_dir or cache.default_cache_dir()) if use_cache else None
         with Progress("reading ranks", total=len(profiles), enabled=progress) as bar:
-            parsed = list(_parse_all(bundle, profiles, store, jobs, bar.advance))
+            parsed = list(_parse_all(bundle, profiles, store, jobs, bar.advance, executor))
         for profile, rank in parsed:
             rank.rank = forced.get(profile.root, rank.rank)
         return _merge(Path(path), parsed, profiles, list(bundle.warnings))
@@ -60,6 +64,7 @@ def _parse_all(
     store: Path | None,
     jobs: int | None,
     advance: Callable[[], None],
+    executor: Executor | None = None,
 ) -> Iterator[tuple[RankFiles, ParsedRank]]:
     """Yield (profile, parsed rank) for every profile, from the cache where possible."""
     todo: list[tuple[RankFiles, str]] = []
@@ -73,20 +78,30 @@ def _parse_all(
         else:
             todo.append((profile, key))
     workers = min(jobs or os.cpu_count() or 1, len(todo))
+    if executor is not None:
+        yield from _parse_on(executor, bundle, todo, store, advance)
+        return
     if workers <= 1:
         for profile, key, read in _sources(bundle, todo):
             yield profile, _finish(profile, parse_rank(profile, read), store, key)
             advance()
         return
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        futures = {}
-        for profile, _key, read in _sources(bundle, todo):
-            futures[profile.root] = (
-                pool.submit(_parse_in_worker, str(bundle.path), profile) if bundle.random_access
-                else pool.submit(_parse_bytes, profile, read.contents))
-        for profile, key in todo:
-            yield profile, _finish(profile, futures[profile.root].result(), store, key)
-            advance()
+        yield from _parse_on(pool, bundle, todo, store, advance)
+
+
+def _parse_on(pool: Executor, bundle: Bundle, todo: list[tuple[RankFiles, str]],
+              store: Path | None, advance: Callable[[], None]
+              ) -> Iterator[tuple[RankFiles, ParsedRank]]:
+    """Parse on `pool`: workers open a random-access bundle themselves, else get the bytes."""
+    futures = {}
+    for profile, _key, read in _sources(bundle, todo):
+        futures[profile.root] = (
+            pool.submit(_parse_in_worker, str(bundle.path), profile) if bundle.random_access
+            else pool.submit(_parse_bytes, profile, read.contents))
+    for profile, key in todo:
+        yield profile, _finish(profile, futures[profile.root].result(), store, key)
+        advance()
 
 
 class _Streamed:

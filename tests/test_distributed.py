@@ -1,0 +1,39 @@
+"""The Dask path gives the same tables and the same analysis as the local process pool."""
+
+from __future__ import annotations
+
+import tarfile
+from pathlib import Path
+
+import pytest
+
+import tracegraph
+from tracegraph.analysis import analyze
+from tracegraph.distributed import dask_executor
+
+
+@pytest.fixture(scope="module")
+def executor():
+    with dask_executor("local", workers=2) as pool:
+        yield pool
+
+
+def test_dask_parse_matches_local(real: Path, executor) -> None:
+    local = tracegraph.load(real / "kineto/gloo_pp2_dp2", use_cache=False, jobs=2)
+    remote = tracegraph.load(real / "kineto/gloo_pp2_dp2", use_cache=False, executor=executor)
+    assert remote.events.equals(local.events)
+    assert remote.groups.equals(local.groups)
+    before, after = analyze(local), analyze(remote)
+    assert [(b.rank, b.start, b.end, b.category) for b in after.bubbles] == [
+        (b.rank, b.start, b.end, b.category) for b in before.bubbles]
+
+
+def test_dask_parses_streamed_archives(real: Path, tmp_path: Path, executor) -> None:
+    archive = tmp_path / "ddp8.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(real / "ascend/torch_npu_ddp8_level1", arcname="ddp8")
+    local = tracegraph.load(real / "ascend/torch_npu_ddp8_level1", use_cache=False, jobs=1)
+    remote = tracegraph.load(archive, use_cache=False, executor=executor)
+    assert remote.rank_ids == [0, 1]
+    assert len(remote.events) == len(local.events)
+    assert remote.events["start_ns"].sum() == local.events["start_ns"].sum()
