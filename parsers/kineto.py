@@ -412,6 +412,36 @@ def _kernel_comm(r: _Rank) -> None:
     r.kind[kernels] = [_KIND_CODE[comm_kind(c)] for c in r.comm[kernels]]
 
 
+def _coalesced_p2p(r: _Rank) -> None:
+    """NCCL batched P2P: the fused SendRecv kernel carries no peer args (pytorch#194693). Its
+    peer and group are those of the per-op send/recv `record_param_comms` issued on the
+    launching thread since the previous P2P kernel launch there (one batch per peer)."""
+    kernels = r.rows((KERNEL,))
+    kernels = kernels[(r.kind[kernels] == _KIND_CODE[schema.P2P]) & (r.peer[kernels] == NO_INT)
+                      & (r.parent[kernels] >= 0)]
+    ops = r.named((CPU_OP,), "record_param_comms")
+    ops = ops[np.isin(r.comm[ops], ("send", "recv")) & (r.peer[ops] != NO_INT)]
+    if not len(kernels) or not len(ops):
+        return
+    launches = r.parent[kernels]
+    for thread in np.unique(r.thread[launches]).tolist():
+        mine = kernels[r.thread[launches] == thread]
+        mine = mine[np.argsort(r.start[r.parent[mine]], kind="stable")]
+        issued = ops[r.thread[ops] == thread]
+        issued = issued[np.argsort(r.start[issued], kind="stable")]
+        cut = np.searchsorted(r.start[issued], r.start[r.parent[mine]], side="right")
+        for kernel, lo, hi in zip(mine.tolist(), [0, *cut[:-1].tolist()], cut.tolist(),
+                                  strict=True):
+            batch = issued[lo:hi]
+            peers = set(r.peer[batch].tolist())
+            if len(peers) != 1:
+                continue
+            comms = set(r.comm[batch].tolist())
+            r.set_comm(kernel, comms.pop() if len(comms) == 1 else "batch_send_recv",
+                       str(r.group[batch[0]]), peers.pop(), NO_INT,
+                       int(r.nbytes[batch].clip(0).sum()), str(r.dtype[batch[0]]))
+
+
 # --- threads, gloo workers and lanes ---------------------------------------------------------
 def _thread_names(r: _Rank) -> dict[int, str]:
     """tid -> thread name; of several names for one tid, the last that is not the process name
@@ -633,6 +663,7 @@ def parse(files: RankFiles, read: Reader) -> ParsedRank:
     _p2p_peers(r)
     _launch_parents(r)
     _kernel_comm(r)
+    _coalesced_p2p(r)
     names = _thread_names(r)
     workers = _gloo_workers(r, names)
     _gloo_groups(r, workers, _gloo_issuers(r, workers), pg_config)

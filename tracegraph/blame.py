@@ -10,6 +10,7 @@ threads (a gloo worker and the host op that launched it). See docs/blame.md.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -19,8 +20,9 @@ from tracegraph import schema
 from tracegraph.match import Matches
 from tracegraph.ops import Ops
 
-MAX_DEPTH = 200  # links followed before the rest of an interval is left unexplained
+MAX_DEPTH = 600  # links followed before the rest of an interval is left unexplained
 RELEASE_WINDOW_NS = 2_000_000  # a host thread resumes this soon after the op it waited on ends
+sys.setrecursionlimit(max(sys.getrecursionlimit(), 8 * MAX_DEPTH + 1_000))  # a frame or 4 a link
 MIN_PIECE_NS = 2_000  # shorter pieces (wake-up latencies, record slots) fold into a neighbour
 UNKNOWN = "unknown"
 _DIM_CATEGORY = {"pp": schema.PP_P2P, "dp": schema.DP_REDUCTION, "ep": schema.EP_ALLTOALL}
@@ -157,11 +159,26 @@ class Blamer:
         self._charge_self(i, a, b, out)
 
     def _release(self, i: int, d: int) -> int:
-        """When dependency `d` let op `i` go on."""
-        return self.end[d] if self.matches.how[i] == "event_id" else self.start[d]
+        """When dependency `d` let op `i` go on (a producer that is itself a stream wait
+        releases when its own producer does)."""
+        if self.matches.how[i] != "event_id":
+            return self.start[d]
+        for _ in range(MAX_DEPTH):
+            if self.kind[d] != schema.WAIT or self.matches.dep[d] < 0:
+                return self.end[d]
+            i, d = d, self.matches.dep[d]
+            if self.matches.how[i] != "event_id":
+                return self.start[d]
+        return self.end[d]
 
     def _released(self, i: int, d: int, a: int, b: int, depth: int, out: list[Interval]) -> None:
         """Explain [a, b] during which `i` waited for `d` (b <= release of d)."""
+        if self.matches.how[i] == "event_id" and self.kind[d] == schema.WAIT:
+            if self.matches.dep[d] >= 0:  # the producer is a stream wait: follow its producer
+                self._released(d, self.matches.dep[d], a, b, depth + 1, out)
+            else:
+                self._charge(UNKNOWN, d, a, b, out, "stream wait without a matched record")
+            return
         if self.matches.how[i] == "event_id":  # d is the producer op: it ran, then released
             lo = max(a, self.start[d])
             if lo < b:
@@ -201,7 +218,8 @@ class Blamer:
 
     def _gap(self, n: int, a: int, b: int, depth: int, out: list[Interval]) -> None:
         """Explain [a, b]: n's lane idle before n."""
-        p = self.prev[n]
+        p = self.matches.gate[n] if len(self.matches.gate) and self.matches.gate[n] >= 0 \
+            else self.prev[n]
         if p >= 0 and self.kind[p] == schema.WAIT and self.matches.dep[p] >= 0:
             release = self._release(p, self.matches.dep[p])
             if release > a and depth < MAX_DEPTH:  # a stream wait whose device side shows as a gap

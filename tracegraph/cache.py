@@ -13,7 +13,7 @@ from platformdirs import user_cache_dir
 
 from parsers.base import GroupInfo, ParsedRank
 
-CACHE_VERSION = "1"
+CACHE_VERSION = "2"
 """Bump when a parser's output changes, so stale cache entries are not reused."""
 
 

@@ -1,9 +1,10 @@
 """Per-rank clock offsets, estimated from operations that end together on every rank.
 
-Members of a collective instance, and the two halves of a device P2P transfer, finish within
-microseconds of each other in true time; a constant difference between the ends a pair of ranks
-reports is the offset between their clocks. Offsets are solved by least squares over every pair of
-ranks that share such operations, the lowest rank of each connected set anchored at 0.
+Members of a collective instance, and the two halves of a P2P transfer, executed on devices
+finish within microseconds of each other in true time (CPU collectives such as gloo's do not);
+a constant difference between the ends a pair of ranks reports is the offset between their
+clocks. Offsets are solved by least squares over every pair of ranks that share such
+operations, the lowest rank of each connected set anchored at 0.
 """
 
 from __future__ import annotations
@@ -29,11 +30,11 @@ def estimate_offsets(ops: Ops, matches: Matches) -> dict[int, int]:
 def _end_differences(ops: Ops, matches: Matches) -> pd.DataFrame:
     frame = ops.frame
     end, rank = frame["end"].to_numpy(), frame["rank"].to_numpy()
-    rows = []
-    for idx in matches.instances.get("ops", []):
-        first = idx[0]
-        rows += [(rank[i], rank[first], end[i] - end[first]) for i in idx[1:]]
     on_device = frame["lane"].str.startswith("stream ").to_numpy()
+    rows = []
+    for idx in matches.instances.get("ops", []):  # CPU (gloo) collectives do not end together
+        idx = [i for i in idx if on_device[i]]
+        rows += [(rank[i], rank[idx[0]], end[i] - end[idx[0]]) for i in idx[1:]]
     p2p = np.flatnonzero((matches.how == "p2p") & on_device)
     for i in p2p:
         j = matches.dep[i]

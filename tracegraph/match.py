@@ -32,6 +32,9 @@ class Matches:
     how: np.ndarray  # "event_id", "timing", "p2p", "collective", "" per op
     instances: pd.DataFrame  # group, seq, comm, ops (list), ranks (list), size, safe
     launcher: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    gate: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    """For an op on a waiting stream: the stream wait that gated it (Kineto: the wait sits at
+    its host call time, not where the stream stalls), -1 otherwise."""
     warnings: list[str] = field(default_factory=list)
 
 
@@ -39,7 +42,7 @@ def match(ops: Ops, group_members: dict[str, tuple[int, ...]]) -> Matches:
     """All cross dependencies of `ops`."""
     n = len(ops)
     result = Matches(dep=np.full(n, -1, dtype=np.int64), how=np.full(n, "", dtype=object),
-                     instances=pd.DataFrame())
+                     instances=pd.DataFrame(), gate=np.full(n, -1, dtype=np.int64))
     result.launcher = _match_launches(ops)
     _match_waits(ops, result)
     _match_p2p(ops, result)
@@ -82,20 +85,30 @@ def _match_waits(ops: Ops, result: Matches) -> None:
 
 
 def _match_waits_by_event_id(frame: pd.DataFrame, waits: np.ndarray, result: Matches) -> None:
-    """Producer = the last op launched on the recorded stream before the recording call
-    (launch correlation ids grow in host call order)."""
-    launched = frame[(frame["correlation"] >= 0) & (frame["stream"] >= 0)
-                     & (frame["kind"] != schema.WAIT)].sort_values("correlation")
+    """Producer = what was enqueued last on the recorded stream before the recording call
+    (launch correlation ids grow in host call order): an op, or another stream wait, which then
+    releases only when its own producer does. The wait gates the next op launched onto its
+    stream."""
+    enqueued = frame[(frame["correlation"] >= 0) & (frame["stream"] >= 0)].sort_values(
+        "correlation")
     by_stream = {key: (g["correlation"].to_numpy(), g.index.to_numpy())
-                 for key, g in launched.groupby(["rank", "stream"])}
+                 for key, g in enqueued.groupby(["rank", "stream"])}
+    ops = enqueued[enqueued["kind"] != schema.WAIT]
+    ops_by_stream = {key: (g["correlation"].to_numpy(), g.index.to_numpy())
+                     for key, g in ops.groupby(["rank", "stream"])}
     for wait in waits:
-        key = (frame.at[wait, "rank"], frame.at[wait, "wait_on_stream"])
-        if key not in by_stream:
-            continue
-        correlations, idx = by_stream[key]
-        pos = np.searchsorted(correlations, frame.at[wait, "event_id"], side="left") - 1
-        if pos >= 0:
-            result.dep[wait], result.how[wait] = idx[pos], "event_id"
+        rank = frame.at[wait, "rank"]
+        key = (rank, frame.at[wait, "wait_on_stream"])
+        if key in by_stream:
+            correlations, idx = by_stream[key]
+            pos = np.searchsorted(correlations, frame.at[wait, "event_id"], side="left") - 1
+            if pos >= 0:
+                result.dep[wait], result.how[wait] = idx[pos], "event_id"
+        gated = ops_by_stream.get((rank, frame.at[wait, "stream"]))
+        if gated is not None and result.dep[wait] >= 0:
+            pos = np.searchsorted(gated[0], frame.at[wait, "correlation"], side="right")
+            if pos < len(gated[1]):
+                result.gate[gated[1][pos]] = wait
 
 
 def _match_waits_by_timing(frame: pd.DataFrame, rank: int, waits: np.ndarray,

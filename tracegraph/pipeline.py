@@ -16,9 +16,11 @@ theory is (p − 1)/(v·m) for p stages, v chunks per stage and m microbatches.
 
 from __future__ import annotations
 
+import json
 import re
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 
 import networkx as nx
 import numpy as np
@@ -37,6 +39,7 @@ _BLOCK = re.compile(
     r"(?:.*?(?:chunk|vpp|model_chunk)[\s=_:#-]*(?P<chunk>\d+))?", re.IGNORECASE)
 _WORK_KINDS = (schema.COMPUTE, schema.HOST, schema.MEMCPY)
 _P2P_COMMS = ("send", "recv", "batch_send_recv")
+_BOUNDARY_KINDS = (schema.P2P, schema.COLLECTIVE, schema.WAIT, schema.RECORD)
 
 
 @dataclass
@@ -94,7 +97,7 @@ def from_annotations(analysis) -> Pipeline | None:
     shift = rows["rank"].map(analysis.offsets).fillna(0).astype("int64")
     blocks = pd.DataFrame({
         "step": rows["step"].to_numpy(), "rank": rows["rank"].to_numpy(),
-        "chunk": parsed.loc[found, "chunk"].fillna(0).astype("int64").to_numpy(),
+        "chunk": parsed.loc[found, "chunk"].fillna("0").astype("int64").to_numpy(),
         "microbatch": parsed.loc[found, "mb"].astype("int64").to_numpy(),
         "phase": parsed.loc[found, "phase"].str.lower().map(_PHASES).to_numpy(),
         "start": (rows["start_ns"] - shift).to_numpy(),
@@ -104,26 +107,44 @@ def from_annotations(analysis) -> Pipeline | None:
 
 
 def from_op_order(analysis) -> Pipeline | None:
-    """Blocks from main-lane compute between P2P ops (see the module docstring)."""
-    events = analysis.trace.events
-    comm = events[events["kind"].isin([schema.P2P, schema.COLLECTIVE])]
-    if not ((comm["kind"] == schema.P2P) & (comm["peer"] >= 0)).any():
+    """Blocks from main-lane compute between P2P boundaries (see the module docstring)."""
+    frame = analysis.ops.frame
+    if not ((frame["kind"] == schema.P2P) & (frame["peer"] >= 0)).any() or _interleaved(
+            analysis.trace):
         return None
-    ops, (start, end) = analysis.ops, _aligned(analysis)
-    main = ops.main_lanes()
-    parts = []
-    for rank, rank_comm in comm.groupby("rank"):
-        if int(rank) not in main:
-            continue
-        idx = np.flatnonzero((ops.frame["lane_id"].to_numpy() == main[int(rank)])
-                             & ops.frame["kind"].isin(_WORK_KINDS).to_numpy())
-        offset = analysis.offsets.get(int(rank), 0)
-        parts.append(_segments(int(rank), rank_comm, offset, start[idx], end[idx],
-                               ops.frame["step"].to_numpy()[idx]))
+    start, end = _aligned(analysis)
+    after, before = _evidence(analysis, start, end)
+    lane_ids = frame["lane_id"].to_numpy()
+    parts = [_lane_blocks(analysis, np.flatnonzero(lane_ids == lane_id), start, end, after,
+                          before).assign(rank=rank)
+             for rank, lane_id in analysis.ops.main_lanes().items()]
     blocks = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
     if blocks.empty:
         return None
     return _staged(analysis, blocks, "op order", {})
+
+
+def timeline_from_truth(path: Path):
+    """The simulated Timeline that a `*.ground_truth.json` describes, regenerated from its
+    scenario and parameters; None when the run does not reproduce the recorded steps."""
+    import dataclasses
+
+    from tracegraph.simulate import Scenario, simulate
+
+    truth = json.loads(Path(path).read_text())
+    params = dict(truth.get("params", {}))
+    fields = {f.name for f in dataclasses.fields(Scenario)} - {"name"}
+    timeline = simulate(truth["scenario"], seed=int(params.get("seed", 0)),
+                        **{k: _tuples(v) for k, v in params.items() if k in fields})
+    steps = sorted((s.rank, s.step, s.start_ns, s.end_ns) for s in timeline.steps)
+    recorded = sorted((s["rank"], s["step"], s["start_ns"], s["end_ns"])
+                      for s in truth.get("steps", []))
+    return timeline if steps == recorded else None
+
+
+def _tuples(value: object) -> object:
+    """JSON lists back to the tuples a Scenario holds."""
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
 
 
 def from_timeline(analysis, timeline) -> Pipeline | None:
@@ -162,7 +183,7 @@ def _staged(analysis, blocks: pd.DataFrame, source: str, order: dict[int, float]
 
 
 def _replicas(trace, ranks: list[int]) -> dict[int, int]:
-    """rank -> replica id (its smallest member): components of P2P peers and `pp` groups."""
+    """rank -> replica number: components of P2P peers and `pp` groups, by smallest member."""
     parent = {r: r for r in ranks}
 
     def find(r: int) -> int:
@@ -179,7 +200,22 @@ def _replicas(trace, ranks: list[int]) -> dict[int, int]:
         if int(a) in parent or int(b) in parent:
             ra, rb = find(int(a)), find(int(b))
             parent[max(ra, rb)] = min(ra, rb)
-    return {r: find(r) for r in ranks}
+    roots = {r: find(r) for r in ranks}
+    number = {root: i for i, root in enumerate(sorted(set(roots.values())))}
+    return {r: number[root] for r, root in roots.items()}
+
+
+def _interleaved(trace) -> bool:
+    """Whether some replica of 3+ ranks links its first and last rank (a VPP wrap-around)."""
+    events = trace.events
+    pairs = events.loc[(events["peer"] >= 0) & events["comm"].isin(_P2P_COMMS), ["rank", "peer"]]
+    linked = {(int(a), int(b)) for a, b in pairs.drop_duplicates().itertuples(index=False)}
+    replicas = _replicas(trace, sorted({r for pair in linked for r in pair}))
+    members: dict[int, list[int]] = {}
+    for r, replica in replicas.items():
+        members.setdefault(replica, []).append(r)
+    return any(len(m) > 2 and ((min(m), max(m)) in linked or (max(m), min(m)) in linked)
+               for m in members.values())
 
 
 def _flow_depth(events: pd.DataFrame) -> dict[int, int]:
@@ -247,39 +283,80 @@ def _measured(blocks: pd.DataFrame) -> float:
 
 
 # --- op order --------------------------------------------------------------------------------
-def _segments(rank: int, comm: pd.DataFrame, offset: int, start: np.ndarray, end: np.ndarray,
-              step: np.ndarray) -> pd.DataFrame:
-    """Main-lane compute of one rank grouped between its comm ops, each group given a phase."""
-    comm = comm.sort_values("start_ns")
-    c_start = comm["start_ns"].to_numpy() - offset
-    c_end = c_start + comm["dur_ns"].to_numpy()
-    after, before = _evidence(rank, comm)
-    prev = np.searchsorted(np.maximum.accumulate(c_end), start, side="right") - 1
-    nxt = np.searchsorted(c_start, end, side="left")
-    from_prev = np.where(prev >= 0, after[np.maximum(prev, 0)], "")
-    from_next = np.where(nxt < len(c_start), before[np.minimum(nxt, len(c_start) - 1)], "")
+def _lane_blocks(analysis, idx: np.ndarray, start: np.ndarray, end: np.ndarray,
+                 after: np.ndarray, before: np.ndarray) -> pd.DataFrame:
+    """One lane's compute grouped between boundaries, each group given a phase.
+
+    Boundaries are the lane's waits, records, comm ops and collective launches (before the op),
+    and compute ops that a P2P lane waited for (after the op: their output is what gets sent)."""
+    frame = analysis.ops.frame
+    kind, comm = frame["kind"].to_numpy()[idx], frame["comm"].to_numpy()[idx]
+    steps = frame["step"].to_numpy()
+    edge = np.isin(kind, _BOUNDARY_KINDS) | ((comm != "") & ~np.isin(comm, _P2P_COMMS))
+    work = np.isin(kind, _WORK_KINDS) & ~edge
+    closer = work & (before[idx] != "")
+    times = np.concatenate([_effective(analysis, idx[edge], start, end), end[idx[closer]]])
+    if not len(times):
+        return pd.DataFrame()
+    order = np.argsort(times, kind="stable")
+    times, op = times[order], np.concatenate([idx[edge], idx[closer]])[order]
+    is_edge = np.concatenate([np.ones(edge.sum(), bool), np.zeros(closer.sum(), bool)])[order]
+    mark_after = np.where(is_edge, after[op], "")
+    seg = np.searchsorted(times, start[idx[work]], side="right")  # boundaries before each op
+    prev, nxt = np.maximum(seg - 1, 0), np.minimum(seg, len(times) - 1)
+    step = steps[idx[work]]
+    from_prev = np.where((seg > 0) & (steps[op[prev]] == step), mark_after[prev], "")
+    from_next = np.where((seg < len(times)) & (steps[op[nxt]] == step), before[op[nxt]], "")
     phase = np.where((from_prev != "") & (from_next != "") & (from_prev != from_next), FB,
                      np.where(from_prev != "", from_prev, from_next))
-    ops = pd.DataFrame({"segment": prev, "step": step, "phase": phase, "start": start,
-                        "end": end, "work": end - start})
-    ops = ops[ops["phase"] != ""]
+    ops = pd.DataFrame({"segment": seg, "step": step, "phase": phase, "start": start[idx][work],
+                        "end": end[idx][work]})
+    ops = ops[ops["phase"] != ""].assign(work=lambda o: o["end"] - o["start"])
     blocks = ops.groupby(["segment", "step"], as_index=False).agg(
         phase=("phase", "first"), start=("start", "min"), end=("end", "max"),
         work=("work", "sum"))
-    blocks = blocks.assign(rank=rank, chunk=0, forward=blocks["phase"].isin([F, FB]))
+    blocks = blocks.assign(chunk=0, forward=blocks["phase"].isin([F, FB]))
     blocks["microbatch"] = blocks.groupby(["step", "forward"]).cumcount()
     return blocks.drop(columns=["segment", "forward"])
 
 
-def _evidence(rank: int, comm: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """Phase of compute right after / right before each comm op ("" when it says nothing).
+def _effective(analysis, ops: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """When each boundary op takes effect on its lane: a wait when what it waits for released
+    it (a Kineto stream wait is stamped when enqueued), any other op at its start."""
+    dep, how = analysis.matches.dep[ops], analysis.matches.how[ops]
+    release = np.where(how == "event_id", end[np.maximum(dep, 0)], start[np.maximum(dep, 0)])
+    waits = (analysis.ops.frame["kind"].to_numpy()[ops] == schema.WAIT) & (dep >= 0)
+    return np.where(waits, np.maximum(start[ops], release), start[ops])
 
-    Stages follow rank order, so a peer below `rank` is upstream."""
-    peer, kind = comm["peer"].to_numpy(), comm["comm"].to_numpy()
-    p2p = (comm["kind"].to_numpy() == schema.P2P) & (peer >= 0)
-    upstream = peer < rank
-    toward = np.where(upstream, B, F)  # compute before a message to that side
-    back = np.where(upstream, F, B)  # compute after a message from that side
-    after = np.where(p2p & (kind != "send"), back, "")
-    before = np.where(p2p & (kind != "recv"), toward, "")
-    return after.astype(object), before.astype(object)
+
+def _evidence(analysis, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per op: the phase of main-lane compute right after / right before it ("" if unknown).
+
+    A P2P op speaks for itself. A wait speaks for the P2P op on the lane it waited for, a record
+    for the P2P op that the wait on it let go. Stages follow rank order: a lower peer is upstream.
+    """
+    frame = analysis.ops.frame
+    rank, peer = frame["rank"].to_numpy(), frame["peer"].to_numpy()
+    comm, lane = frame["comm"].to_numpy(), frame["lane_id"].to_numpy()
+    is_p2p = (frame["kind"].to_numpy() == schema.P2P) & (peer >= 0)
+    toward = np.where(peer < rank, B, F)  # compute before a message to that side
+    back = np.where(peer < rank, F, B)  # compute after a message from that side
+    after = np.where(is_p2p & (comm != "send"), back, "").astype(object)
+    before = np.where(is_p2p & (comm != "recv"), toward, "").astype(object)
+    dep = analysis.matches.dep
+    waits = np.flatnonzero((frame["kind"].to_numpy() == schema.WAIT) & (dep >= 0))
+    p2p = np.flatnonzero(is_p2p)
+    for lane_id in np.unique(lane[p2p]):
+        mine = p2p[lane[p2p] == lane_id]  # sorted by start within the lane
+        released = waits[lane[dep[waits]] == lane_id]  # waits for this lane
+        when = _effective(analysis, released, start, end)
+        q = mine[np.maximum(np.searchsorted(start[mine], when, "right") - 1, 0)]
+        ok = (start[q] <= when) & (comm[q] != "send")
+        after[released[ok]] = back[q[ok]]
+        holding = waits[lane[waits] == lane_id]  # this lane waits on a record elsewhere
+        pos = np.searchsorted(start[mine], start[holding], "left")
+        ok = (pos < len(mine))
+        q = mine[np.minimum(pos, len(mine) - 1)]
+        ok &= comm[q] != "recv"
+        before[dep[holding[ok]]] = toward[q[ok]]
+    return after, before

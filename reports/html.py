@@ -1,0 +1,152 @@
+"""The HTML report: one self-contained page (plotly.js embedded, no network) per analysis.
+
+Per step: the step time, bubble share and top causes, the waterfall (reports/waterfall.py) and,
+when stages and microbatches can be recovered, the pipeline view (reports/pipeline.py). Then the
+bubble time per category, the clock offsets applied and the warnings.
+"""
+
+from __future__ import annotations
+
+from html import escape
+from pathlib import Path
+
+import plotly.graph_objects as go
+
+from reports.pipeline import pipeline_figure
+from reports.waterfall import MAX_SEGMENTS, waterfall
+from tracegraph.summary import summarize
+
+MAX_STEPS = 8  # steps drawn when none is chosen: the slowest ones
+MAX_OFFSETS_SHOWN = 16  # clock offsets listed in the header (all of them under Totals)
+STYLE = """
+body { font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }
+h1 { font-size: 1.4em; } h2 { font-size: 1.2em; margin-top: 2em; border-bottom: 1px solid #ccc; }
+table { border-collapse: collapse; margin: 0.6em 0; font-size: 0.9em; }
+th, td { border: 1px solid #ddd; padding: 3px 8px; text-align: left; }
+td.n { text-align: right; font-variant-numeric: tabular-nums; }
+.kpi { display: inline-block; margin-right: 2em; } .kpi b { font-size: 1.3em; }
+.note { color: #666; font-size: 0.9em; }
+"""
+
+
+def render(analysis, *, step: int | None = None, top: int = 10, pipeline=None) -> str:
+    """The whole report page as a string."""
+    steps = shown_steps(analysis, step)
+    figures: list[str] = []
+    sections = [_step_section(analysis, s, top, pipeline, figures, len(steps)) for s in steps]
+    title = f"tracegraph report: {analysis.trace.source}"
+    body = [f"<h1>{escape(title)}</h1>", _overview(analysis, steps, pipeline), *sections,
+            _totals(analysis, step)]
+    return ("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">"
+            f"<title>{escape(title)}</title><style>{STYLE}</style></head><body>\n"
+            + "\n".join(body) + "\n</body></html>\n")
+
+
+def write_report(analysis, path: Path, *, step: int | None = None, top: int = 10,
+                 pipeline=None) -> Path:
+    """Write the report to `path`."""
+    path = Path(path)
+    path.write_text(render(analysis, step=step, top=top, pipeline=pipeline), encoding="utf-8")
+    return path
+
+
+def shown_steps(analysis, step: int | None) -> list[int]:
+    """`step` alone, else the MAX_STEPS slowest steps in order; [-1] for a trace without steps."""
+    spans = analysis.steps
+    if step is not None:
+        if step not in set(spans["step"]):
+            known = sorted(int(s) for s in spans["step"].unique())
+            raise ValueError(f"step {step} is not in the trace (steps: {known or 'none'})")
+        return [step]
+    if spans.empty:
+        return [-1]
+    lengths = spans.assign(dur=spans["end"] - spans["start"]).groupby("step")["dur"].max()
+    return sorted(int(s) for s in lengths.nlargest(MAX_STEPS).index)
+
+
+def _figure_html(fig: go.Figure, figures: list[str]) -> str:
+    """A figure's div; the first one of the page carries plotly.js."""
+    html = fig.to_html(full_html=False, include_plotlyjs=not figures,
+                       config={"displaylogo": False, "scrollZoom": True})
+    figures.append(html)
+    return html
+
+
+def _step_section(analysis, step: int, top: int, pipeline, figures: list[str],
+                  count: int) -> str:
+    summary = summarize(analysis, step=None if step < 0 else step, top=top)
+    fig = waterfall(analysis, step, top=top, max_segments=MAX_SEGMENTS // count)
+    parts = [f"<h2>{'Step ' + str(step) if step >= 0 else 'Whole trace'}</h2>",
+             _kpis(summary), _causes(summary["bubbles"]), _figure_html(fig, figures)]
+    if pipeline is not None and step in pipeline.steps:
+        parts.append(_figure_html(pipeline_figure(pipeline, step, analysis.origin), figures))
+    return "<section>" + "\n".join(parts) + "</section>"
+
+
+def _kpis(summary: dict[str, object]) -> str:
+    rows = summary["steps"]
+    if not rows:
+        return "<p class=\"note\">No ProfilerStep markers: the whole trace is one window.</p>"
+    info = rows[0]
+    ranks_ms = sum(info["time_ms"].values())
+    bubble_ms = sum(info["bubble_ms"].values())
+    share = bubble_ms / ranks_ms if ranks_ms else 0.0
+    slowest = max(info["time_ms"], key=info["time_ms"].get)
+    return (f"<p><span class=\"kpi\">step time <b>{info['max_ms']:.1f} ms</b> "
+            f"(slowest: rank {slowest})</span><span class=\"kpi\">bubble share <b>"
+            f"{share:.1%}</b> ({bubble_ms:.1f} ms of {ranks_ms:.1f} rank·ms)</span>"
+            f"<span class=\"kpi\">{summary['bubble_count']} bubbles</span></p>")
+
+
+def _causes(bubbles: list[dict[str, object]]) -> str:
+    if not bubbles:
+        return "<p class=\"note\">No bubble above the threshold.</p>"
+    head = ("<tr><th>#</th><th>category</th><th>ms</th><th>waiting</th><th>at ms</th>"
+            "<th>root rank</th><th>root lane</th><th>root op</th><th>chain</th></tr>")
+    body = []
+    for number, b in enumerate(bubbles, start=1):
+        root = b["root"] or {}
+        note = f"<br><span class=\"note\">{escape(root['note'])}</span>" if root.get(
+            "note") else ""
+        body.append(
+            f"<tr><td>{number}</td><td>{escape(b['category'])}</td><td class=\"n\">"
+            f"{b['dur_ms']:.3f}</td><td>rank {b['rank']} · {escape(b['lane'])} · "
+            f"{escape(b['name'])}</td><td class=\"n\">{b['start_ms']:.3f}</td>"
+            f"<td>{root.get('rank', '')}</td><td>{escape(str(root.get('lane', '')))}</td>"
+            f"<td>{escape(str(root.get('name', '')))}{note}</td>"
+            f"<td>{' → '.join(map(str, b['chain']))}</td></tr>")
+    return f"<table class=\"causes\">{head}{''.join(body)}</table>"
+
+
+def _overview(analysis, steps: list[int], pipeline) -> str:
+    ranks = analysis.trace.rank_ids
+    shown = ", ".join(str(s) for s in steps) if steps != [-1] else "whole trace"
+    source = f"; pipeline from {pipeline.source}" if pipeline is not None else ""
+    offsets = sorted(analysis.offsets.items())
+    clocks = ", ".join(f"r{r} {ns / 1e3:+.1f}" for r, ns in offsets[:MAX_OFFSETS_SHOWN])
+    clocks += " …" if len(offsets) > MAX_OFFSETS_SHOWN else ""
+    return (f"<p>{len(ranks)} ranks, {len(analysis.ops):,} timeline ops; steps shown: {shown}"
+            f"{escape(source)}. Clock offsets applied (µs): {clocks or 'none'}.</p>"
+            "<p class=\"note\">Times are ms from the first step's start on aligned clocks. "
+            "Bars: ops by kind (short ops merged below a pixel); band under a row: bubbles "
+            "coloured by the cause they are charged to; dark line above: critical path; "
+            "arrows: causal chain of the top bubbles.</p>")
+
+
+def _totals(analysis, step: int | None) -> str:
+    summary = summarize(analysis, step=step, top=0)
+    blame = "".join(f"<tr><td>{escape(k)}</td><td class=\"n\">{v:.3f}</td></tr>"
+                    for k, v in summary["blame"].items())
+    offsets = "".join(f"<tr><td>{r}</td><td class=\"n\">{ns / 1e3:+.1f}</td></tr>"
+                      for r, ns in summary["clock_offsets_ns"].items())
+    warnings = analysis.trace.warnings + summary["warnings"]
+    parts = ["<h2>Totals</h2>", "<table class=\"blame\"><tr><th>category</th><th>bubble ms</th>"
+             f"</tr>{blame}</table>",
+             "<table class=\"offsets\"><tr><th>rank</th><th>clock offset applied (µs)</th>"
+             f"</tr>{offsets}</table>"]
+    if summary["slow_ranks"]:
+        parts.append(f"<p>compute stragglers: {summary['slow_ranks']}</p>")
+    if warnings:
+        parts.append("<ul class=\"warnings\">" + "".join(
+            f"<li>{escape(w)}</li>" for w in warnings) + "</ul>")
+    return "\n".join(parts)

@@ -1,0 +1,64 @@
+"""`tracegraph report`: the self-contained HTML waterfall report of a bundle."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+def report_command(
+    bundle: Annotated[Path, typer.Argument(help="A profile folder, archive or file.")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="The HTML file to write.")],
+    step: Annotated[int | None, typer.Option(help="Only this ProfilerStep number.")] = None,
+    top: Annotated[int, typer.Option(help="Top bubbles listed, and arrows drawn.")] = 10,
+    threshold_ms: Annotated[float, typer.Option(help="Shortest stall counted a bubble.")] = 1.0,
+    cache_dir: Annotated[Path | None, typer.Option(help="Where parsed ranks are cached.")] = None,
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="Neither read nor write the cache."
+                                           )] = False,
+    jobs: Annotated[int | None, typer.Option(help="Parallel parser processes.")] = None,
+    rank_map: Annotated[Path | None, typer.Option(
+        help='JSON file mapping a profile (path or file name) to its rank: {"a.json": 3}.')
+    ] = None,
+    truth: Annotated[Path | None, typer.Option(
+        help="A simulated bundle's ground_truth.json, for the exact pipeline schedule "
+             "(default: NAME.ground_truth.json beside a NAME.tar.gz bundle).")] = None,
+) -> None:
+    """Write one HTML file (works offline): waterfall per step, top causes, pipeline view."""
+    from tracegraph.cli import friendly_errors
+
+    friendly_errors(_report)(bundle, output, step, top, threshold_ms, cache_dir, no_cache, jobs,
+                             rank_map, truth or _beside(bundle))
+
+
+def _beside(bundle: Path) -> Path | None:
+    """NAME.ground_truth.json next to a NAME.tar.gz / .tgz / .zip, if there is one."""
+    stem = re.sub(r"\.(tar\.gz|tgz|zip)$", "", bundle.name)
+    path = bundle.with_name(f"{stem}.ground_truth.json")
+    return path if stem != bundle.name and path.is_file() else None
+
+
+def _report(bundle: Path, output: Path, step: int | None, top: int, threshold_ms: float,
+            cache_dir: Path | None, no_cache: bool, jobs: int | None, rank_map: Path | None,
+            truth: Path | None) -> None:
+    from parsers.base import TraceError
+    from reports.html import write_report
+    from tracegraph.analysis import analyze
+    from tracegraph.cli import _load, err, out
+    from tracegraph.pipeline import recover, timeline_from_truth
+
+    trace = _load(bundle, cache_dir, no_cache, jobs, rank_map)
+    analysis = analyze(trace, threshold_ms=threshold_ms)
+    timeline = timeline_from_truth(truth) if truth else None
+    if truth and timeline is None:
+        err.print(f"[yellow]warning:[/yellow] {truth}: the simulation does not reproduce its "
+                  "steps; pipeline recovered from the trace instead", highlight=False)
+    try:
+        path = write_report(analysis, output, step=step, top=top,
+                            pipeline=recover(analysis, timeline))
+    except ValueError as error:
+        raise TraceError(f"{bundle}: {error}") from None
+    size = path.stat().st_size / 2**20
+    out.print(f"wrote {path} ({size:.1f} MB)", highlight=False)

@@ -1,0 +1,139 @@
+"""The report as a person opens it: Debian's chromium, headless, driven through playwright.
+
+Needs `playwright` (Python package only: no browser download) and /usr/bin/chromium.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from playwright.sync_api import BrowserContext, Page, sync_playwright
+
+import tracegraph
+from reports.html import write_report
+from tests.conftest import REAL
+from tracegraph.analysis import analyze
+from tracegraph.pipeline import recover
+
+CHROMIUM = "/usr/bin/chromium"
+FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+FIGURES = """() => Array.from(document.querySelectorAll('.plotly-graph-div')).map(gd => ({
+    rows: gd.layout.yaxis.ticktext || [],
+    traces: gd._fullData.map(t => ({name: t.name, type: t.type, mode: t.mode,
+                                    points: t.x ? t.x.length : 0})),
+    arrows: (gd.layout.annotations || []).map(a => ({name: a.name, text: a.text, x: a.x,
+                                                     y: a.y, ax: a.ax, ay: a.ay}))}))"""
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrowserContext]:
+    assert Path(CHROMIUM).exists(), f"{CHROMIUM} missing: CI must install Debian's chromium"
+    with sync_playwright() as driver:
+        context = driver.chromium.launch_persistent_context(
+            tmp_path_factory.mktemp("profile"), executable_path=CHROMIUM, headless=True,
+            args=FLAGS, viewport={"width": 1400, "height": 900}, offline=True)
+        yield context
+        context.close()
+
+
+def open_report(browser: BrowserContext, bundle: Path, out: Path) -> tuple[Page, list[str]]:
+    """Write the bundle's report, open it, and collect console errors and page errors."""
+    analysis = analyze(tracegraph.load(bundle, use_cache=False))
+    write_report(analysis, out, top=5, pipeline=recover(analysis))
+    page = browser.new_page()
+    errors: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on("requestfailed", lambda r: errors.append(f"request {r.url}"))
+    page.goto(out.as_uri())
+    page.wait_for_function("Array.from(document.querySelectorAll('.plotly-graph-div'))"
+                           ".every(gd => gd._fullLayout && gd.querySelector('.main-svg'))")
+    return page, errors
+
+
+@pytest.fixture(scope="module")
+def gloo_page(browser: BrowserContext, tmp_path_factory: pytest.TempPathFactory):
+    page, errors = open_report(browser, REAL / "kineto" / "gloo_pp2_dp2",
+                               tmp_path_factory.mktemp("gloo") / "report.html")
+    yield page, errors
+    page.close()
+
+
+def test_gloo_page_loads_without_errors(gloo_page) -> None:
+    page, errors = gloo_page
+    assert errors == []
+    figures = page.evaluate(FIGURES)
+    # README: ProfilerStep#2 and #3, both with FWD/BWD microbatch annotations: a waterfall and a
+    # pipeline view per step.
+    assert len(figures) == 4
+    waterfalls = [f for f in figures if f["rows"] and f["rows"][0].startswith("r0 · ")]
+    assert len(waterfalls) == 2
+    for figure in waterfalls:
+        # 4 ranks' main threads first, then 4 pt_gloo_runloop threads per rank (counted in the
+        # thread_name metadata of rank{0..3}.json).
+        assert [r.split(" · ")[0] for r in figure["rows"][:4]] == ["r0", "r1", "r2", "r3"]
+        assert len(figure["rows"]) == 20
+        assert all(t["type"] == "scattergl" for t in figure["traces"])
+        assert sum(t["points"] for t in figure["traces"] if t["name"] == "p2p") > 0
+
+
+def test_chain_arrows_point_at_the_sleeping_rank(gloo_page) -> None:
+    page, _ = gloo_page
+    step2 = page.evaluate(FIGURES)[0]
+    rows = step2["rows"]
+    # README: rank 1 sleeps 200 ms; ranks 0 and 2 wait ≈203 ms in MOE a2a, rank 3 ≈205 ms in
+    # its DP all_reduce: an arrow leaves each of their main rows and lands on rank 1's.
+    landing = {(rows[round(a["ay"])].split(" · ")[0], rows[round(a["y"])].split(" · ")[0])
+               for a in step2["arrows"]}
+    assert {("r0", "r1"), ("r2", "r1"), ("r3", "r1")} <= landing
+    assert {a["text"] for a in step2["arrows"]} >= {"#1", "#2", "#3"}
+
+
+def test_hover_shows_the_op(gloo_page) -> None:
+    page, _ = gloo_page
+    point = page.evaluate("""() => {
+        const gd = document.querySelector('.plotly-graph-div');
+        const i = gd._fullData.findIndex(t => t.mode === 'markers' && t.name === 'p2p');
+        const t = gd._fullData[i], xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis;
+        const box = gd.getBoundingClientRect();
+        return {x: box.left + xa._offset + xa.l2p(t.x[0]), y: box.top + ya._offset + ya.l2p(t.y[0]),
+                text: t.hovertext[0]};
+    }""")
+    page.mouse.move(point["x"], point["y"])
+    page.wait_for_selector(".hoverlayer .hovertext")
+    shown = page.text_content(".hoverlayer .hovertext")
+    assert point["text"].split("<br>")[0] in shown and "peer" in shown
+
+
+def test_lane_toggle_collapses_to_main_lanes(gloo_page) -> None:
+    page, _ = gloo_page
+    page.locator(".plotly-graph-div").first.locator(".updatemenu-button",
+                                                    has_text="main lanes only").click()
+    span = page.evaluate("document.querySelector('.plotly-graph-div').layout.yaxis.range")
+    assert span == [3.5, -0.5]  # the 4 main threads only
+
+
+def test_screenshot_is_not_blank(gloo_page) -> None:
+    page, _ = gloo_page
+    shot = page.locator(".plotly-graph-div").first.screenshot()
+    pixels = np.asarray(Image.open(io.BytesIO(shot)).convert("RGB"), dtype=float)
+    assert pixels.std() > 20
+    colours = {tuple(p) for p in pixels.reshape(-1, 3)[::7].astype(int)}
+    assert len(colours) > 50
+
+
+def test_npu_page_loads_without_errors(browser: BrowserContext, tmp_path: Path) -> None:
+    page, errors = open_report(browser, REAL / "ascend" / "torch_npu_ddp8_level1",
+                               tmp_path / "npu.html")
+    figures = page.evaluate(FIGURES)
+    page.close()
+    assert errors == []
+    # README: 2 of 8 ranks, one step; 4 allreduces on device stream 4 of each.
+    assert len(figures) == 1
+    assert {"r0 · stream 4", "r1 · stream 4"} <= set(figures[0]["rows"])
