@@ -62,6 +62,7 @@ def analyze(trace: Trace, *, threshold_ms: float = 1.0) -> Analysis:
     steps = step_windows(trace.events, offsets)
     blamer = Blamer(ops, matches, start, end, trace.groups, set())
     slow = blamer.slow_ranks = slow_ranks(ops, blamer, _profiled_ns(steps, start, end))
+    blamer.slow_op = slow_ops(ops, slow)
     bubbles = find_bubbles(ops, blamer, steps, int(threshold_ms * 1e6))
     paths = {int(step): critical_path(blamer, _ops_in(start, end, lo, hi), (lo, hi))
              for step, lo, hi in _step_spans(steps, start, end)}
@@ -108,6 +109,30 @@ def slow_ranks(ops: Ops, blamer: Blamer, profiled_ns: int) -> set[int]:
         if ns > SLOW_RANK_FACTOR * others and ns - others > SLOW_RANK_SHARE * profiled_ns:
             slow.add(int(rank))
     return slow
+
+
+def slow_ops(ops: Ops, slow: set[int]) -> np.ndarray:
+    """Per op: is it straggler compute? An op whose name also runs on other ranks is slow when
+    its rank's median duration for that name exceeds SLOW_RANK_FACTOR × the other ranks'
+    median (an expert MLP on an overloaded EP rank, every kernel of a slow GPU); an op only
+    its own rank runs is slow when the whole rank is."""
+    frame = ops.frame
+    compute = frame[frame["kind"].isin([schema.COMPUTE, schema.HOST, schema.MARKER])]
+    medians = (compute["end"] - compute["start"]).groupby(
+        [compute["name"], compute["rank"]]).median().rename("median").reset_index()
+    flagged = set()
+    for name, per_rank in medians.groupby("name"):
+        if len(per_rank) < 2:
+            continue
+        values = per_rank.set_index("rank")["median"]
+        for rank, ns in values.items():
+            if ns > SLOW_RANK_FACTOR * values.drop(rank).median():
+                flagged.add((name, int(rank)))
+    shared = set(medians.loc[medians.duplicated("name", keep=False), "name"])
+    names, ranks = frame["name"].to_numpy(), frame["rank"].to_numpy()
+    return np.fromiter(((n, int(r)) in flagged or (n not in shared and int(r) in slow)
+                        for n, r in zip(names, ranks, strict=True)), dtype=bool,
+                       count=len(frame))
 
 
 def _profiled_ns(steps: pd.DataFrame, start: np.ndarray, end: np.ndarray) -> int:

@@ -25,6 +25,8 @@ RELEASE_WINDOW_NS = 2_000_000  # a host thread resumes this soon after the op it
 sys.setrecursionlimit(max(sys.getrecursionlimit(), 8 * MAX_DEPTH + 1_000))  # a frame or 4 a link
 MIN_PIECE_NS = 2_000  # shorter pieces (wake-up latencies, record slots) fold into a neighbour
 UNKNOWN = "unknown"
+HOST_SYNC_WINDOW_NS = 1_000_000  # a host blocked on the device launches this soon after it ends
+_DEVICE_WORK = (schema.COMPUTE, schema.COLLECTIVE, schema.P2P, schema.MEMCPY)
 _DIM_CATEGORY = {"pp": schema.PP_P2P, "dp": schema.DP_REDUCTION, "ep": schema.EP_ALLTOALL}
 _COMM_CATEGORY = {"alltoall": schema.EP_ALLTOALL, "send": schema.PP_P2P, "recv": schema.PP_P2P,
                   "batch_send_recv": schema.PP_P2P}
@@ -107,12 +109,19 @@ class Blamer:
         self.lane = frame["lane"].to_numpy()
         self.name = frame["name"].to_numpy()
         self.prev = ops.lane_prev()
+        self.lane_id = frame["lane_id"].to_numpy()
+        self._lane_first = np.searchsorted(self.lane_id, np.arange(self.lane_id.max() + 1
+                                                                   if len(frame) else 0))
         self.mode = ops.lanes["mode"].to_numpy()[frame["lane_id"].to_numpy()]
         self.slow_ranks = slow_ranks
+        self.slow_op: np.ndarray | None = None  # per op straggler compute (analysis.slow_ops)
         self.comm_category = _comm_categories(frame, groups)
         self.unprofiled = _unprofiled_members(len(frame), matches.instances)
         self.group = frame["group"].to_numpy()
+        launch = frame["launch"].to_numpy() if "launch" in frame else np.full(len(frame), -1)
+        self.launch = np.where(launch >= 0, launch - (frame["start"].to_numpy() - start), -1)
         self._other_lane_ends = _ends_by_rank(frame, end)
+        self._device_ends = _ends_by_rank(frame, end, _DEVICE_WORK)
 
     # --- entry points ------------------------------------------------------------------------
     def blocked(self, i: int, a: int, b: int, depth: int = 0) -> list[Interval]:
@@ -192,7 +201,9 @@ class Blamer:
         if depth >= MAX_DEPTH:
             self._charge(UNKNOWN, j, a, b, out, "causal chain too deep")
             return
-        nxt, k = j, self.prev[j]
+        nxt, k = j, self._last_before(j, b)
+        if k >= 0 and k + 1 < j:
+            nxt = k + 1
         while b > a:
             gap_lo = max(a, self.end[k]) if k >= 0 else a
             gap_hi = min(b, self.start[nxt])
@@ -206,6 +217,12 @@ class Blamer:
             b = min(b, self.start[k])
             nxt, k = k, self.prev[k]
 
+    def _last_before(self, j: int, b: int) -> int:
+        """The last op on j's lane, before j, that starts before b (-1 if none)."""
+        first = self._lane_first[self.lane_id[j]]
+        pos = first + int(np.searchsorted(self.start[first:j], b, side="left")) - 1
+        return pos if pos >= first else -1
+
     def _op(self, k: int, a: int, b: int, depth: int, out: list[Interval]) -> None:
         """Explain [a, b] while op k occupied its lane."""
         kind = self.kind[k]
@@ -218,8 +235,7 @@ class Blamer:
 
     def _gap(self, n: int, a: int, b: int, depth: int, out: list[Interval]) -> None:
         """Explain [a, b]: n's lane idle before n."""
-        p = self.matches.gate[n] if len(self.matches.gate) and self.matches.gate[n] >= 0 \
-            else self.prev[n]
+        p = self._gating_wait(n)
         if p >= 0 and self.kind[p] == schema.WAIT and self.matches.dep[p] >= 0:
             release = self._release(p, self.matches.dep[p])
             if release > a and depth < MAX_DEPTH:  # a stream wait whose device side shows as a gap
@@ -237,7 +253,37 @@ class Blamer:
         if b > a and self.mode[n] == schema.THREAD:
             self._idle_thread_until(n, a, b, depth, out)
         elif b > a:
-            self._charge(schema.HOST_LAUNCH, n, a, b, out, "device idle: launched late")
+            self._launched_late(n, a, b, depth, out)
+
+    def _launched_late(self, n: int, a: int, b: int, depth: int, out: list[Interval]) -> None:
+        """The device idled until the host enqueued n. If the host had itself been waiting on
+        the device (a step-end synchronize), the op whose end freed it explains the wait."""
+        launch = self.launch[n]
+        freed = self._host_freed_by(n, launch) if a < launch and depth < MAX_DEPTH else -1
+        if freed >= 0 and self.end[freed] > a:
+            cut = min(b, self.end[freed])
+            self._released_thread(freed, a, cut, depth, out)
+            a = cut
+        self._charge(schema.HOST_LAUNCH, n, a, b, out, "device idle: launched late")
+
+    def _host_freed_by(self, n: int, launch: int) -> int:
+        """The device op of n's rank that ended last shortly before the host launched n."""
+        ends, idx, _ = self._device_ends.get(int(self.rank[n]), (None, None, None))
+        if ends is None:
+            return -1
+        pos = np.searchsorted(ends, launch, side="right") - 1
+        if pos >= 0 and launch - ends[pos] <= HOST_SYNC_WINDOW_NS:
+            return int(idx[pos])
+        return -1
+
+    def _gating_wait(self, n: int) -> int:
+        """The stream wait that released op n last: of the waits enqueued right before it, or
+        the op before it on its lane."""
+        candidates = self.matches.gates.get(n) or [self.prev[n]]
+        matched = [w for w in candidates if w >= 0 and self.matches.dep[w] >= 0]
+        if not matched:
+            return candidates[-1]
+        return max(matched, key=lambda w: self._release(w, self.matches.dep[w]))
 
     def _idle_thread(self, k: int, a: int, b: int, depth: int, out: list[Interval]) -> None:
         """A host thread inside an annotation but in no op: waiting, or busy (sleep, Python)."""
@@ -292,7 +338,7 @@ class Blamer:
             self._charge_compute(i, a, b, out)
 
     def _charge_compute(self, k: int, a: int, b: int, out: list[Interval]) -> None:
-        slow = int(self.rank[k]) in self.slow_ranks
+        slow = self.slow_op[k] if self.slow_op is not None else int(self.rank[k]) in self.slow_ranks
         self._charge(schema.COMPUTE_STRAGGLER if slow else schema.PIPELINE_FILL, k, a, b, out)
 
     def _charge(self, category: str, k: int, a: int, b: int, out: list[Interval],
@@ -354,10 +400,11 @@ def _unprofiled_members(n: int, instances: pd.DataFrame) -> np.ndarray:
     return missing
 
 
-def _ends_by_rank(frame: pd.DataFrame, end: np.ndarray) -> dict[int, tuple]:
-    """rank -> (sorted ends, op index, lane id) of its comm ops, for host-thread releases."""
+def _ends_by_rank(frame: pd.DataFrame, end: np.ndarray,
+                  kinds: tuple[str, ...] = (schema.COLLECTIVE, schema.P2P)) -> dict[int, tuple]:
+    """rank -> (sorted ends, op index, lane id) of its ops of these kinds."""
     table = {}
-    comm = frame["kind"].isin([schema.COLLECTIVE, schema.P2P]).to_numpy()
+    comm = frame["kind"].isin(kinds).to_numpy()
     for rank, idx in pd.Series(np.flatnonzero(comm)).groupby(frame["rank"].to_numpy()[comm]):
         idx = idx.to_numpy()
         order = np.argsort(end[idx], kind="stable")

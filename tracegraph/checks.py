@@ -18,8 +18,10 @@ Rule types (times in ms on the aligned clock, per step unless said otherwise):
 - no_reduction_wait_before_p2p(max_ms, within_ms): no main-lane wait longer than max_ms released
   directly by a DP reduction (or by a record right after one) with the rank's next P2P posted
   within within_ms of its end: the reduction gated the P2P.
-- p2p_before_reduction_end(min_ms, within_ms): the P2P that follows a stage's DP reductions on a
-  rank is posted before they complete, not within within_ms after they did.
+- p2p_before_reduction_end(min_ms, within_ms): a stage reduction (a run of back-to-back DP
+  reductions on one lane, at least min_ms long) is not followed by the rank's first P2P posted
+  after it began (not merely queued behind an earlier transfer) only within within_ms after it
+  completed: that P2P must be posted before the reduction completes.
 - min_overlap(dim, ratio): on every rank, at least this share of the group kind's communication
   time overlaps main-lane compute.
 """
@@ -59,10 +61,6 @@ class Violation:
     stage: int = -1
     start_ms: float | None = None  # since the analysis origin
     end_ms: float | None = None
-
-    def line(self) -> str:
-        stage = f" (stage {self.stage})" if self.stage >= 0 else ""
-        return f"rank {self.rank}{stage} step {self.step}: {self.text}"
 
 
 @dataclass
@@ -210,11 +208,32 @@ class Facts:
 
     @cached_property
     def p2p_posts(self) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-        """Rank -> (sorted aligned starts, op index) of its P2P ops (host calls on CPU ranks)."""
-        frame = self.analysis.ops.frame
-        p2p = (frame["comm"].isin(P2P_COMMS) & frame["kind"].isin([schema.P2P, schema.HOST])
-               ).to_numpy()
-        return _by_rank(frame["rank"].to_numpy(), np.flatnonzero(p2p), self.times[0])
+        """Rank -> (sorted aligned starts, op index) of the P2P ops it posted: not those that
+        merely waited in line behind an earlier transfer on their stream (host calls on CPU
+        ranks)."""
+        frame, start = self.analysis.ops.frame, self.times[0]
+        p2p = np.flatnonzero((frame["comm"].isin(P2P_COMMS)
+                              & frame["kind"].isin([schema.P2P, schema.HOST])).to_numpy())
+        posted = p2p[~_queued(self.analysis, p2p, start, self.times[1])]
+        return _by_rank(frame["rank"].to_numpy(), posted, start)
+
+    @cached_property
+    def stage_reductions(self) -> list[tuple[int, int, int, np.ndarray]]:
+        """(rank, start, end, ops) of every run of back-to-back DP reductions on one lane: the
+        reduction of one pipeline stage's gradients."""
+        frame, (start, end) = self.analysis.ops.frame, self.times
+        idx = np.flatnonzero((metrics.comm_dims(self.analysis) == "dp")
+                             & frame["comm"].isin(metrics.REDUCTIONS).to_numpy()
+                             & (frame["kind"] == schema.COLLECTIVE).to_numpy())
+        if not len(idx):
+            return []
+        lane = frame["lane_id"].to_numpy()[idx]  # frame is sorted by (lane_id, start)
+        new = np.ones(len(idx), dtype=bool)
+        new[1:] = (lane[1:] != lane[:-1]) | (start[idx[1:]] - end[idx[:-1]] > metrics.SETTLE_NS)
+        runs = np.split(idx, np.flatnonzero(new)[1:])
+        ranks = frame["rank"].to_numpy()
+        return [(int(ranks[run[0]]), int(start[run].min()), int(end[run].max()), run)
+                for run in runs]
 
     def ms(self, ns: float) -> float:
         """Aligned ns as ms since the analysis origin."""
@@ -224,10 +243,6 @@ class Facts:
         mine = self.steps[(self.steps["rank"] == rank) & (self.steps["start"] <= when)
                           & (self.steps["end"] >= when)]
         return int(mine["step"].iloc[0]) if len(mine) else -1
-
-    def step_end(self, rank: int, step: int) -> int:
-        mine = self.steps[(self.steps["rank"] == rank) & (self.steps["step"] == step)]
-        return int(mine["end"].iloc[0]) if len(mine) else np.iinfo(np.int64).max
 
     def first_p2p_after(self, rank: int, when: int) -> int:
         """Index of the rank's first P2P posted at or after `when` (-1 if none)."""
@@ -249,12 +264,27 @@ class Facts:
 
 def _by_rank(ranks: np.ndarray, idx: np.ndarray, start: np.ndarray
              ) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-    out = {}
-    for rank in np.unique(ranks[idx]):
-        mine = idx[ranks[idx] == rank]
-        mine = mine[np.argsort(start[mine], kind="stable")]
-        out[int(rank)] = (start[mine], mine)
-    return out
+    """Rank -> (sorted starts, op index) of the ops `idx`."""
+    order = idx[np.lexsort((start[idx], ranks[idx]))]
+    runs = np.split(order, np.flatnonzero(np.diff(ranks[order])) + 1) if len(order) else []
+    return {int(ranks[run[0]]): (start[run], run) for run in runs}
+
+
+def _queued(analysis: Analysis, idx: np.ndarray, start: np.ndarray, end: np.ndarray
+            ) -> np.ndarray:
+    """Which of the ops `idx` started the moment an earlier transfer on their lane ended (records
+    in between passed over): they were queued, not posted then."""
+    kind, prev = analysis.ops.frame["kind"].to_numpy(), analysis.ops.lane_prev()
+    before = prev[idx]
+    for _ in range(4):
+        record = before >= 0
+        record[record] = kind[before[record]] == schema.RECORD
+        before = np.where(record, prev[np.maximum(before, 0)], before)
+    known = before >= 0
+    queued = np.zeros(len(idx), dtype=bool)
+    queued[known] = (np.isin(kind[before[known]], [schema.P2P, schema.COLLECTIVE])
+                     & (start[idx[known]] - end[before[known]] <= metrics.SETTLE_NS))
+    return queued
 
 
 def pipeline_stages(analysis: Analysis) -> dict[int, int]:
@@ -282,13 +312,14 @@ def pipeline_stages(analysis: Analysis) -> dict[int, int]:
 def max_step_time(facts: Facts, ms: float) -> CheckResult:
     steps = facts.steps
     worst = steps.loc[steps.groupby("step")["ms"].idxmax()]
-    over = worst[worst["ms"] > ms]
     found = [facts.violation(int(r.rank), int(r.step), f"step time {r.ms:.3f} ms > {ms} ms",
-                             int(r.start), int(r.end)) for r in over.itertuples()]
-    top = worst.loc[worst["ms"].idxmax()] if len(worst) else None
-    summary = (f"slowest step {int(top.step)}: {top.ms:.3f} ms on rank {int(top.rank)} (limit "
-               f"{ms} ms)" if top is not None else "no steps")
-    return _result(found, summary, None if top is None else float(top.ms))
+                             int(r.start), int(r.end))
+             for r in worst[worst["ms"] > ms].itertuples()]
+    if not len(worst):
+        return _result(found, "no steps", None)
+    top = worst.loc[worst["ms"].idxmax()]
+    return _result(found, f"slowest step {int(top['step'])}: {top['ms']:.3f} ms on rank "
+                          f"{int(top['rank'])} (limit {ms} ms)", float(top["ms"]))
 
 
 def max_bubble(facts: Facts, category: str, ms: float) -> CheckResult:
@@ -340,32 +371,23 @@ def no_reduction_wait_before_p2p(facts: Facts, max_ms: float, within_ms: float) 
 
 
 def p2p_before_reduction_end(facts: Facts, min_ms: float, within_ms: float) -> CheckResult:
-    frame, (start, end) = facts.analysis.ops.frame, facts.times
-    dims = metrics.comm_dims(facts.analysis)
-    reductions = np.flatnonzero((dims == "dp") & frame["comm"].isin(metrics.REDUCTIONS).to_numpy()
-                                & (frame["kind"] == schema.COLLECTIVE).to_numpy())
-    stage_reductions: dict[int, list[int]] = {}
-    for i in reductions:
-        rank = int(frame.at[i, "rank"])
-        p2p = facts.first_p2p_after(rank, start[i])
-        if p2p >= 0 and start[p2p] <= facts.step_end(rank, facts.step_of(rank, start[i])):
-            stage_reductions.setdefault(p2p, []).append(int(i))
+    start = facts.times[0]
     found, checked = [], 0
-    for p2p, members in stage_reductions.items():
-        lo, hi = start[members].min(), end[members].max()
-        if (hi - lo) / NS_PER_MS < min_ms:
-            continue
+    for rank, lo, hi, run in facts.stage_reductions:
+        p2p = facts.first_p2p_after(rank, lo)
+        if (hi - lo) / NS_PER_MS < min_ms or p2p < 0 or start[p2p] > hi + within_ms * NS_PER_MS:
+            continue  # short, or no P2P posted while it ran or right after
         checked += 1
-        late = (start[p2p] - hi) / NS_PER_MS
-        if 0 <= late <= within_ms:
-            rank = int(frame.at[p2p, "rank"])
+        if start[p2p] >= hi:
+            last = run[int(np.argmax(facts.times[1][run]))]
             found.append(facts.violation(
                 rank, facts.step_of(rank, start[p2p]),
-                f"{facts.op_text(p2p)} posted {late:.3f} ms after its stage reduction completed "
-                f"({len(members)} ops, {facts.op_text(members[int(np.argmax(end[members]))])}, "
-                f"{(hi - lo) / NS_PER_MS:.3f} ms)", int(lo), int(hi)))
-    return _result(found, f"{checked - len(found)} of {checked} P2P ops after a stage reduction "
-                          f"posted before it completed", float(len(found)))
+                f"{facts.op_text(p2p)} posted {(start[p2p] - hi) / NS_PER_MS:.3f} ms after its "
+                f"stage reduction completed ({len(run)} ops ending with {facts.op_text(last)}; "
+                f"{(hi - lo) / NS_PER_MS:.3f} ms in all)", lo, hi))
+    return _result(found, f"{checked - len(found)} of {checked} P2P ops posted during or right "
+                          f"after a stage reduction were posted before it completed",
+                   float(len(found)))
 
 
 def min_overlap(facts: Facts, dim: str, ratio: float) -> CheckResult:

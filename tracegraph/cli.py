@@ -174,3 +174,12 @@ def main() -> None:
 from reports.report_cli import report_command  # noqa: E402
 
 app.command(name="report")(report_command)
+
+from reports.gate_cli import check_command, diff_command  # noqa: E402
+
+app.command(name="diff")(diff_command)
+app.command(name="check")(check_command)
+
+from tracegraph.simulate.simulate_cli import simulate_command  # noqa: E402
+
+app.command(name="simulate")(simulate_command)

@@ -39,20 +39,21 @@ def critical_path(blamer: Blamer, candidates: np.ndarray, window: tuple[int, int
     i = int(candidates[np.argmax(end[candidates])])
     path: list[PathSegment] = []
     until = min(end[i], hi)
-    for _ in range(1_000_000):
-        if until <= lo:
-            break
+    visited: set[int] = set()
+    while until > lo and i not in visited:
+        visited.add(i)
         p = prev[i]
         d = matches.dep[i] if matches.dep[i] >= 0 else matches.launcher[i]
         release = blamer._release(i, d) if matches.dep[i] >= 0 else (start[d] if d >= 0 else -1)
         lane_ready = end[p] if p >= 0 else -1
-        begin = max(start[i], lo)
+        begin = max(min(start[i], until), lo)
         path.append(_segment(blamer, i, begin, until))
-        if d >= 0 and release > lane_ready and release > lo:
+        if d >= 0 and release > max(lane_ready, start[i]) and release > lo:  # i really waited
             path[-1].start = max(min(release, until), lo)
-            i, until = int(d), min(release, until)
-            if matches.how[path[-1].op] == "event_id":
-                until = min(end[i], until)
+            following = min(release, until)
+            if matches.how[i] == "event_id":
+                following = min(end[d], following)
+            i, until = int(d), following
         elif p >= 0:
             i, until = int(p), min(end[p], begin)
         else:

@@ -32,9 +32,9 @@ class Matches:
     how: np.ndarray  # "event_id", "timing", "p2p", "collective", "" per op
     instances: pd.DataFrame  # group, seq, comm, ops (list), ranks (list), size, safe
     launcher: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    gate: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    """For an op on a waiting stream: the stream wait that gated it (Kineto: the wait sits at
-    its host call time, not where the stream stalls), -1 otherwise."""
+    gates: dict[int, list[int]] = field(default_factory=dict)
+    """op -> the stream waits enqueued right before it on its stream (Kineto: a wait sits at its
+    host call time, not where the stream stalls); the op could not start before all of them."""
     warnings: list[str] = field(default_factory=list)
 
 
@@ -42,7 +42,7 @@ def match(ops: Ops, group_members: dict[str, tuple[int, ...]]) -> Matches:
     """All cross dependencies of `ops`."""
     n = len(ops)
     result = Matches(dep=np.full(n, -1, dtype=np.int64), how=np.full(n, "", dtype=object),
-                     instances=pd.DataFrame(), gate=np.full(n, -1, dtype=np.int64))
+                     instances=pd.DataFrame())
     result.launcher = _match_launches(ops)
     _match_waits(ops, result)
     _match_p2p(ops, result)
@@ -108,7 +108,7 @@ def _match_waits_by_event_id(frame: pd.DataFrame, waits: np.ndarray, result: Mat
         if gated is not None and result.dep[wait] >= 0:
             pos = np.searchsorted(gated[0], frame.at[wait, "correlation"], side="right")
             if pos < len(gated[1]):
-                result.gate[gated[1][pos]] = wait
+                result.gates.setdefault(int(gated[1][pos]), []).append(int(wait))
 
 
 def _match_waits_by_timing(frame: pd.DataFrame, rank: int, waits: np.ndarray,

@@ -22,6 +22,7 @@ NS_PER_MS = 1e6
 REDUCTIONS = frozenset({"allreduce", "reducescatter", "reduce"})
 DIMS = ("dp", "pp", "ep", "tp", "cp")
 SETTLE_NS = 50_000  # pieces this short at a wait's end (a record, a wake-up) do not release it
+SETTLE_SHARE = 0.01  # ... nor pieces under this share of the wait
 _DIM_CATEGORY = {"dp": schema.DP_REDUCTION, "pp": schema.PP_P2P, "ep": schema.EP_ALLTOALL}
 _INSTANCE = re.compile(r"(?:[_@#]\d+)+$")
 _THREAD_ID = re.compile(r"^thread \d+")
@@ -138,23 +139,27 @@ def overlap_table(analysis: Analysis) -> pd.DataFrame:
     start, end = aligned(analysis)
     dims, computing = comm_dims(analysis), main_compute(analysis)
     ranks = analysis.ops.frame["rank"].to_numpy()
+    order = np.argsort(ranks, kind="stable")
+    by_rank = ranks[order]
     rows = []
-    for rank, step, lo, hi in step_table(analysis)[["rank", "step", "start", "end"]].itertuples(
-            index=False):
-        mine = (ranks == rank) & (end > lo) & (start < hi)
-        work = _union(start[mine & computing], end[mine & computing], lo, hi)
-        for dim in np.unique(dims[mine & (dims != "")]):
-            sel = mine & (dims == dim)
-            comm = _union(start[sel], end[sel], lo, hi)
-            rows.append((int(rank), int(step), str(dim), _length(comm) / NS_PER_MS,
-                         _overlap(comm, work) / NS_PER_MS))
+    for rank, windows in step_table(analysis).groupby("rank"):
+        mine = order[np.searchsorted(by_rank, rank, "left"):np.searchsorted(by_rank, rank, "right")]
+        s, e, d, c = start[mine], end[mine], dims[mine], computing[mine]
+        for step, lo, hi in windows[["step", "start", "end"]].itertuples(index=False):
+            work = _union(s[c], e[c], lo, hi)
+            for dim in np.unique(d[d != ""]):
+                comm = _union(s[d == dim], e[d == dim], lo, hi)
+                if len(comm[0]):
+                    rows.append((int(rank), int(step), str(dim), _length(comm) / NS_PER_MS,
+                                 _overlap(comm, work) / NS_PER_MS))
     return pd.DataFrame(rows, columns=["rank", "step", "dim", "comm_ms", "overlap_ms"])
 
 
-def overlap_ratios(analysis: Analysis, by_rank: bool = False) -> dict:
+def overlap_ratios(analysis: Analysis, by_rank: bool = False,
+                   table: pd.DataFrame | None = None) -> dict:
     """Group kind -> share of its comm time overlapped by main-lane compute (all ranks and steps,
-    time-weighted); with `by_rank`, rank -> group kind -> ratio."""
-    table = overlap_table(analysis)
+    time-weighted); with `by_rank`, rank -> group kind -> ratio. `table`: its overlap_table."""
+    table = overlap_table(analysis) if table is None else table
     keys = ["rank", "dim"] if by_rank else ["dim"]
     sums = table.groupby(keys)[["comm_ms", "overlap_ms"]].sum()
     ratios = (sums["overlap_ms"] / sums["comm_ms"].where(sums["comm_ms"] > 0)).fillna(0.0)
@@ -202,11 +207,12 @@ def _inside(intervals: tuple[np.ndarray, np.ndarray], points: np.ndarray) -> np.
 
 # --- what released a wait, and chains ----------------------------------------------------------
 def releaser(bubble: Bubble) -> Interval | None:
-    """The piece of a bubble that released it: the last one, passing over the few-µs records and
-    wake-ups that follow the op really waited for."""
+    """The piece of a bubble that released it: the last one, passing over the short records and
+    wake-ups (under SETTLE_NS or SETTLE_SHARE of the bubble) that follow the op waited for."""
     pieces = sorted(bubble.intervals, key=lambda p: p.end)
+    settle = max(SETTLE_NS, SETTLE_SHARE * bubble.dur)
     for piece in reversed(pieces):
-        if piece.dur >= SETTLE_NS:
+        if piece.dur >= settle:
             return piece
     return pieces[-1] if pieces else None
 

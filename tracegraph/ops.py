@@ -69,7 +69,20 @@ def build_ops(events: pd.DataFrame) -> Ops:
     frame = frame.assign(lane_id=[lane_ids[k] for k in zip(frame["rank"], frame["lane"],
                                                            strict=True)])
     frame = frame.sort_values(["lane_id", "start", "end"], kind="stable", ignore_index=True)
-    return Ops(frame=frame, lanes=lanes)
+    return Ops(frame=frame.assign(launch=_launch_times(frame, events)), lanes=lanes)
+
+
+def _launch_times(frame: pd.DataFrame, events: pd.DataFrame) -> np.ndarray:
+    """When the host enqueued each device op: the earliest host call sharing its correlation
+    (Kineto launch calls, Ascend CANN calls with the task's connection_id); -1 if unknown."""
+    host = events[(events["lane_kind"] == schema.THREAD) & (events["kind"] == schema.HOST)
+                  & (events["correlation"] >= 0)]
+    first = host.groupby(["rank", "correlation"])["start_ns"].min().rename("launch")
+    on_device = frame["lane"].str.startswith("stream ") & (frame["correlation"] >= 0)
+    keys = pd.MultiIndex.from_arrays([frame["rank"], frame["correlation"]])
+    launch = first.reindex(keys).to_numpy()
+    return np.where(on_device.to_numpy() & ~np.isnan(launch), np.nan_to_num(launch), -1
+                    ).astype(np.int64)
 
 
 def _rank_ops(rank: int, events: pd.DataFrame) -> pd.DataFrame:

@@ -1,0 +1,74 @@
+"""The HTML diff: the before and after waterfalls of a representative step drawn over the same time
+span (each from its own step start), and bubble time per root cause side by side. One
+self-contained page (plotly.js inlined once); the waterfalls are `reports.waterfall`'s."""
+
+from __future__ import annotations
+
+from html import escape
+from pathlib import Path
+
+import plotly.graph_objects as go
+
+from reports.markdown import verdict_line
+from reports.waterfall import MAX_SEGMENTS, step_window, waterfall
+from tracegraph import metrics
+from tracegraph.analysis import Analysis
+
+NS_PER_MS = 1e6
+SIDE_COLORS = {"before": "#bab0ac", "after": "#3b6fb6"}
+
+
+def write_diff_html(before: Analysis, after: Analysis, report: dict[str, object],
+                    path: Path) -> Path:
+    """Write the diff page to `path`."""
+    path = Path(path)
+    path.write_text(render_diff(before, after, report), encoding="utf-8")
+    return path
+
+
+def render_diff(before: Analysis, after: Analysis, report: dict[str, object]) -> str:
+    """The diff page as HTML text."""
+    figures = [*diff_waterfalls(before, after), category_bars(report)]
+    body = "\n".join(fig.to_html(include_plotlyjs=i == 0, full_html=False)
+                     for i, fig in enumerate(figures))
+    title = escape(verdict_line(report))
+    return (f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>tracegraph diff</title>"
+            f"</head><body style='font-family:sans-serif'><h2>{title}</h2>"
+            f"<p>before <code>{escape(report['before']['source'])}</code> · after "
+            f"<code>{escape(report['after']['source'])}</code></p>\n{body}\n</body></html>\n")
+
+
+def diff_waterfalls(before: Analysis, after: Analysis) -> list[go.Figure]:
+    """The two waterfalls, each of its median step, with x ranges of equal length."""
+    chosen = [(analysis, median_step(analysis)) for analysis in (before, after)]
+    windows = [step_window(analysis, step) for analysis, step in chosen]
+    span = max(hi - lo for lo, hi in windows) / NS_PER_MS
+    figures = []
+    for side, (analysis, step), (lo, _) in zip(("before", "after"), chosen, windows,
+                                                strict=True):
+        fig = waterfall(analysis, step, max_segments=MAX_SEGMENTS // 2)
+        x0 = (lo - analysis.origin) / NS_PER_MS
+        fig.update_layout(title=f"{side}: step {step} of {analysis.trace.source.name} "
+                                f"({metrics.step_ms(analysis).get(step, float('nan')):.3f} ms)",
+                          xaxis_range=[x0, x0 + span])
+        figures.append(fig)
+    return figures
+
+
+def category_bars(report: dict[str, object]) -> go.Figure:
+    """Bubble ms per step by root-cause category, before next to after."""
+    rows = report["bubbles"]
+    fig = go.Figure([go.Bar(x=[r["category"] for r in rows], y=[r[f"{side}_ms"] for r in rows],
+                            name=side, marker_color=color)
+                     for side, color in SIDE_COLORS.items()])
+    fig.update_layout(barmode="group", template="plotly_white", height=380,
+                      title="bubble time by root cause (ms per step, all ranks)",
+                      yaxis_title="ms per step")
+    return fig
+
+
+def median_step(analysis: Analysis) -> int:
+    """The step whose time is closest to the median step time (-1 when there are no steps)."""
+    steps = metrics.step_ms(analysis)
+    target = metrics.step_time_ms(analysis)
+    return min(steps, key=lambda s: abs(steps[s] - target)) if steps else -1

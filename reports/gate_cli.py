@@ -1,0 +1,282 @@
+"""`tracegraph diff` and `tracegraph check`: verify a fix and gate a pull request.
+
+Exit codes: 0 pass, 1 a check failed or the step time regressed beyond the threshold, 2 bad input
+or usage (one line on stderr).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, NamedTuple
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from reports.markdown import (
+    STATE_TITLES,
+    check_status,
+    ms,
+    pct,
+    ratio,
+    root_text,
+    verdict_line,
+    violation_line,
+)
+
+EXIT_FAILED = 1
+DEFAULT_REGRESSION = "5%"
+VIOLATIONS_SHOWN = 10
+TEXT_COLUMNS = {"cause", "root", "chain", "measured", "after: measured", "result"}
+
+Profile = Annotated[Path, typer.Argument(help="A profile folder, archive (.tar.gz/.zip) or file.")]
+AsJson = Annotated[bool, typer.Option("--json", help="Print the result as JSON.")]
+Markdown = Annotated[Path | None, typer.Option(
+    "--markdown", help="Write a Markdown summary (pull-request comment, CI job summary).")]
+Junit = Annotated[Path | None, typer.Option("--junit", help="Write JUnit XML for CI.")]
+Rules = Annotated[Path | None, typer.Option("--rules", help="TOML file of checks (docs/ci.md).")]
+Preset = Annotated[list[str] | None, typer.Option(
+    "--preset", help="Built-in checks, e.g. hsdp-async-reduction (repeatable).")]
+Threshold = Annotated[float, typer.Option(help="Shortest stall counted a bubble (ms).")]
+CacheDir = Annotated[Path | None, typer.Option(help="Where parsed ranks are cached.")]
+NoCache = Annotated[bool, typer.Option("--no-cache", help="Neither read nor write the cache.")]
+Jobs = Annotated[int | None, typer.Option(help="Parallel parser processes (default: CPUs).")]
+RankMap = Annotated[Path | None, typer.Option(
+    help='JSON file mapping a profile (path or file name) to its rank: {"a.json": 3}.')]
+
+
+def diff_command(
+    before: Profile,
+    after: Profile,
+    as_json: AsJson = False,
+    markdown: Markdown = None,
+    junit: Junit = None,
+    html: Annotated[Path | None, typer.Option(
+        "--html", help="Write the HTML diff: both waterfalls and bubbles by cause.")] = None,
+    rules: Rules = None,
+    preset: Preset = None,
+    fail_on_regression: Annotated[str, typer.Option(
+        help='Exit 1 when the step time is worse by more than this ("5%"; "off" never).')
+    ] = DEFAULT_REGRESSION,
+    top: Annotated[int, typer.Option(help="Chains shown per change (0: all).")] = 5,
+    min_chain_ms: Annotated[float | None, typer.Option(
+        help="Chains under this many ms per step count as absent (default: 1% of the step).")
+    ] = None,
+    threshold_ms: Threshold = 1.0,
+    cache_dir: CacheDir = None,
+    no_cache: NoCache = False,
+    jobs: Jobs = None,
+    rank_map: RankMap = None,
+) -> None:
+    """Compare two profiles, before and after a fix; exit 1 on a regression or a failed check.
+
+    Step time, bubble time by root cause, critical path, communication overlap, the chains that
+    disappeared, shrank, grew or appeared, and the checks of --rules / --preset (docs/ci.md).
+    """
+    from tracegraph.cli import friendly_errors
+
+    limit = _percent(fail_on_regression)
+    source = Source(threshold_ms, cache_dir, no_cache, jobs, rank_map)
+    outputs = Outputs(as_json, markdown, junit)
+    friendly_errors(_diff)(before, after, (rules, preset or []), limit, source, outputs,
+                           html=html, top=top, min_chain_ms=min_chain_ms)
+
+
+def check_command(
+    bundle: Profile,
+    rules: Rules = None,
+    preset: Preset = None,
+    as_json: AsJson = False,
+    markdown: Markdown = None,
+    junit: Junit = None,
+    threshold_ms: Threshold = 1.0,
+    cache_dir: CacheDir = None,
+    no_cache: NoCache = False,
+    jobs: Jobs = None,
+    rank_map: RankMap = None,
+) -> None:
+    """Evaluate checks (--rules FILE, --preset NAME) on one profile; exit 1 if any fails."""
+    from tracegraph.cli import friendly_errors
+
+    if rules is None and not preset:
+        raise typer.BadParameter("give --rules FILE or --preset NAME", param_hint="--rules")
+    friendly_errors(_check)(bundle, (rules, preset or []),
+                            Source(threshold_ms, cache_dir, no_cache, jobs, rank_map),
+                            Outputs(as_json, markdown, junit))
+
+
+# --- the work ----------------------------------------------------------------------------------
+class Source(NamedTuple):
+    """How to read and analyze a profile."""
+
+    threshold_ms: float
+    cache_dir: Path | None
+    no_cache: bool
+    jobs: int | None
+    rank_map: Path | None
+
+    def analysis(self, path: Path):
+        from tracegraph.analysis import analyze
+        from tracegraph.cli import _load
+
+        trace = _load(path, self.cache_dir, self.no_cache, self.jobs, self.rank_map)
+        return analyze(trace, threshold_ms=self.threshold_ms)
+
+
+class Outputs(NamedTuple):
+    """Where the result goes besides the terminal."""
+
+    as_json: bool
+    markdown: Path | None
+    junit: Path | None
+
+    def emit(self, report: dict[str, object], markdown: Callable[[], str],
+             junit: Callable[[], str], terminal: Callable[[Console, dict], None]) -> None:
+        for path, render in ((self.markdown, markdown), (self.junit, junit)):
+            if path is not None:
+                Path(path).write_text(render(), encoding="utf-8")
+        if self.as_json:
+            print(json.dumps(report, indent=2))
+        else:
+            terminal(Console(), report)
+
+
+RuleSpec = tuple[Path | None, list[str]]  # --rules FILE, --preset NAMEs
+
+
+def _rules(spec: RuleSpec) -> list:
+    from tracegraph.checks import load_rules
+
+    return load_rules(*spec) if spec[0] or spec[1] else []
+
+
+def _diff(before: Path, after: Path, spec: RuleSpec, limit: float | None,
+          source: Source, outputs: Outputs, *, html: Path | None, top: int,
+          min_chain_ms: float | None) -> None:
+    from reports.junit import diff_junit
+    from reports.markdown import diff_markdown
+    from tracegraph.checks import evaluate
+    from tracegraph.diff import compare, regressed_beyond
+
+    rules = _rules(spec)
+    old, new = source.analysis(before), source.analysis(after)
+    report = compare(old, new, top=top, min_chain_ms=min_chain_ms)
+    report["checks"] = [{"name": b.name, "rule": b.rule, "before": b.as_dict(),
+                         "after": a.as_dict()}
+                        for b, a in zip(evaluate(rules, old), evaluate(rules, new), strict=True)]
+    report["fail_on_regression_pct"] = limit
+    report["passed"] = not ((limit is not None and regressed_beyond(report, limit))
+                            or any(not c["after"]["passed"] for c in report["checks"]))
+    if html:
+        from reports.diff_html import write_diff_html
+
+        write_diff_html(old, new, report, html)
+    outputs.emit(report, lambda: diff_markdown(report), lambda: diff_junit(report, limit),
+                 print_diff)
+    if not report["passed"]:
+        raise typer.Exit(EXIT_FAILED)
+
+
+def _check(bundle: Path, spec: RuleSpec, source: Source, outputs: Outputs) -> None:
+    from reports.junit import check_junit
+    from reports.markdown import check_markdown
+    from tracegraph import metrics
+    from tracegraph.checks import evaluate
+
+    rules = _rules(spec)
+    analysis = source.analysis(bundle)
+    results = [r.as_dict() for r in evaluate(rules, analysis)]
+    report = {"source": str(bundle), "step_ms": round(metrics.step_time_ms(analysis), 3),
+              "passed": all(r["passed"] for r in results), "checks": results}
+    outputs.emit(report, lambda: check_markdown(report), lambda: check_junit(report),
+                 print_checks)
+    if not report["passed"]:
+        raise typer.Exit(EXIT_FAILED)
+
+
+def _percent(text: str) -> float | None:
+    """"5%" or "5" → 5.0; "off" → None."""
+    if text.strip().lower() in ("off", "none", "never"):
+        return None
+    try:
+        value = float(text.strip().removesuffix("%"))
+    except ValueError:
+        value = -1.0
+    if value < 0:
+        raise typer.BadParameter(f"{text!r} is not a percentage such as 5%",
+                                 param_hint="--fail-on-regression")
+    return value
+
+
+# --- terminal ----------------------------------------------------------------------------------
+def print_diff(console: Console, report: dict[str, object]) -> None:
+    """The diff as rich tables."""
+    color = {"improved": "green", "regressed": "red"}.get(report["verdict"], "yellow")
+    console.print(f"[bold {color}]{verdict_line(report)}[/]", highlight=False)
+    for side in ("before", "after"):
+        steps = ", ".join(f"#{s} {v:.3f}" for s, v in report[side]["steps"].items())
+        console.print(f"{side:<6} {report[side]['source']}: steps {steps} ms", highlight=False,
+                      markup=False)
+    _table(console, "step time per rank (ms, median over steps)", ("rank", "before", "after",
+                                                                  "change"),
+           [(r["rank"], ms(r["before_ms"]), ms(r["after_ms"]), pct(r["change_pct"]))
+            for r in report["ranks"]])
+    for title, key, name in (("bubble time by root cause (ms per step, all ranks)", "bubbles",
+                              "category"),
+                             ("critical path by op kind (ms per step)", "critical_path", "kind")):
+        _table(console, title, (name, "before", "after", "change"),
+               [(r[name], ms(r["before_ms"]), ms(r["after_ms"]), ms(r["change_ms"]))
+                for r in report[key]])
+    _table(console, "communication overlapped by main-lane compute",
+           ("group kind", "before", "after", "comm ms/step before", "after"),
+           [(r["dim"], ratio(r["before"]), ratio(r["after"]), ms(r["before_comm_ms"]),
+             ms(r["after_comm_ms"])) for r in report["overlap"]])
+    for state, chains in report["chains"].items():
+        _table(console, f"{STATE_TITLES[state].lower()} (ms per step)",
+               ("waiting rank", "cause", "root", "before", "after", "chain"),
+               [(str(c["rank"]), c["category"], root_text(c), ms(c["before_ms"]),
+                 ms(c["after_ms"]), " ← ".join(map(str, c["chain"]))) for c in chains])
+    if report["checks"]:
+        _table(console, "checks", ("check", "before", "after", "after: measured"),
+               [(c["name"], check_status(c["before"]), check_status(c["after"]),
+                 c["after"]["summary"]) for c in report["checks"]])
+        _print_failures(console, [c["after"] for c in report["checks"]])
+
+
+def print_checks(console: Console, report: dict[str, object]) -> None:
+    """`tracegraph check` as a rich table plus the places each failing check names."""
+    _table(console, f"checks on {report['source']} (step time {ms(report['step_ms'])} ms)",
+           ("check", "result", "measured"),
+           [(c["name"], check_status(c), c["summary"]) for c in report["checks"]])
+    _print_failures(console, report["checks"])
+
+
+def _print_failures(console: Console, checks: list[dict[str, object]]) -> None:
+    for check in checks:
+        if check["passed"]:
+            continue
+        places = check["violations"]
+        console.print(f"[red]FAIL[/red] {escape(check['name'])}: {len(places)} places",
+                      highlight=False)
+        for violation in places[:VIOLATIONS_SHOWN]:
+            console.print(f"  {violation_line(violation)}", highlight=False, soft_wrap=True,
+                          markup=False)
+        if len(places) > VIOLATIONS_SHOWN:
+            console.print(f"  … {len(places) - VIOLATIONS_SHOWN} more (--json lists all)")
+
+
+def _table(console: Console, title: str, headers: tuple[str, ...],
+           rows: list[tuple[object, ...]]) -> None:
+    if not rows:
+        return
+    table = Table(title=title, title_justify="left")
+    for i, header in enumerate(headers):
+        numeric = i > 0 and header not in TEXT_COLUMNS
+        table.add_column(header, justify="right" if numeric else "left", overflow="fold")
+    for row in rows:
+        table.add_row(*(escape(str(v)) for v in row))
+    console.print(table)
+

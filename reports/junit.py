@@ -1,0 +1,92 @@
+"""`tracegraph diff` / `check` results as JUnit XML (the Ant / Jenkins JUnit schema that CI systems
+read): one test case per metric and per check; the numbers go in the suite's properties and
+system-out, failures carry the offending places."""
+
+from __future__ import annotations
+
+import socket
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from datetime import datetime
+
+from reports.markdown import ms, pct, ratio, verdict_line, violation_line
+
+CLASSNAME = "tracegraph"
+
+
+@dataclass
+class Case:
+    """One test case: passed when `failure` is empty."""
+
+    name: str
+    classname: str
+    failure: str = ""  # one-line message
+    details: str = ""  # the failure's text body
+
+
+def junit_xml(suite: str, cases: list[Case], properties: dict[str, str], output: str = "") -> str:
+    """A `<testsuite>` document valid against the JUnit XSD (tests/data/junit.xsd)."""
+    root = ET.Element("testsuite", {
+        "name": suite, "timestamp": datetime.now().strftime("%Y-%m-%dT%H:%M:%S"),
+        "hostname": socket.gethostname() or "localhost", "tests": str(len(cases)),
+        "failures": str(sum(bool(c.failure) for c in cases)), "errors": "0", "skipped": "0",
+        "time": "0"})
+    props = ET.SubElement(root, "properties")
+    for name, value in properties.items():
+        ET.SubElement(props, "property", {"name": name, "value": str(value)})
+    for case in cases:
+        element = ET.SubElement(root, "testcase", {"name": case.name,
+                                                   "classname": case.classname, "time": "0"})
+        if case.failure:
+            failure = ET.SubElement(element, "failure", {"message": case.failure,
+                                                         "type": "CheckFailed"})
+            failure.text = case.details or case.failure
+    ET.SubElement(root, "system-out").text = output
+    ET.SubElement(root, "system-err").text = ""
+    ET.indent(root)
+    return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
+
+
+def diff_junit(report: dict[str, object], regression_pct: float | None) -> str:
+    """The diff as a suite: step time (fails beyond the regression threshold), bubble time per
+    category, overlap per group kind, then each check on the after profile."""
+    step = report["step_time"]
+    failure = ""
+    if regression_pct is not None and (step["change_pct"] or 0) > regression_pct:
+        failure = f"{verdict_line(report)}: worse by more than {regression_pct:g} %"
+    cases = [Case("step_time", f"{CLASSNAME}.diff", failure)]
+    cases += [Case(f"bubble.{r['category']}", f"{CLASSNAME}.diff") for r in report["bubbles"]]
+    cases += [Case(f"overlap.{r['dim']}", f"{CLASSNAME}.diff") for r in report["overlap"]]
+    cases += check_cases([c["after"] for c in report.get("checks", [])])
+    props = {"verdict": report["verdict"], "step_ms.before": ms(step["before_ms"]),
+             "step_ms.after": ms(step["after_ms"]), "step_change": pct(step["change_pct"])}
+    props |= {f"bubble_ms.{r['category']}": f"{ms(r['before_ms'])} -> {ms(r['after_ms'])}"
+              for r in report["bubbles"]}
+    props |= {f"overlap.{r['dim']}": f"{ratio(r['before'])} -> {ratio(r['after'])}"
+              for r in report["overlap"]}
+    return junit_xml("tracegraph diff", cases, props, _diff_text(report))
+
+
+def check_junit(report: dict[str, object]) -> str:
+    """`tracegraph check` as a suite, one case per check."""
+    cases = check_cases(report["checks"])
+    text = "\n".join(f"{c['name']}: {'pass' if c['passed'] else 'FAIL'}: {c['summary']}"
+                     for c in report["checks"])
+    return junit_xml("tracegraph check", cases, {"source": report["source"],
+                                                 "step_ms": ms(report["step_ms"])}, text)
+
+
+def check_cases(checks: list[dict[str, object]]) -> list[Case]:
+    return [Case(c["name"], f"{CLASSNAME}.check.{c['rule']}",
+                 "" if c["passed"] else f"{c['summary']}; {len(c['violations'])} places",
+                 "\n".join(violation_line(v) for v in c["violations"])) for c in checks]
+
+
+def _diff_text(report: dict[str, object]) -> str:
+    lines = [verdict_line(report)]
+    lines += [f"rank {r['rank']}: {ms(r['before_ms'])} -> {ms(r['after_ms'])} ms"
+              for r in report["ranks"]]
+    lines += [f"{state}: rank {c['rank']} {c['category']} root rank {c['root']['rank']} "
+              f"{c['root']['op']} {ms(c['before_ms'])} -> {ms(c['after_ms'])} ms/step"
+              for state, chains in report["chains"].items() for c in chains]
+    return "\n".join(lines)

@@ -1,0 +1,377 @@
+"""Checks (tracegraph/checks.py) on profiles whose answers are known independently:
+
+- a hand-built two-rank miniature of the seed case in its sync form (tests/test_blame_chain.py:
+  rank 1's stream 47 waits on its 32-rank HSDP AllReduce 40.0001 → 89.999 ms, and its
+  batchSendRecv with rank 0 starts 11 µs later) and an async form built here (the P2P posted at
+  40.01 ms, right after the BWD; the AllReduce runs 40.001 → 129.9 ms under compute 40.1 → 120 ms,
+  drained by a wait 120 → 130 ms);
+- the simulated seed bundles (hsdp-straggler-sync / -async, Ascend and Kineto), checked against
+  the simulator's own Timeline (its meta_step labels FSDP_REDUCE_GRAD and BWD_SEND);
+- real profiles, with the numbers read from the raw files by hand (stated at each test).
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import xmlschema
+from typer.testing import CliRunner
+
+from parsers.base import GroupInfo, TraceError
+from tests.conftest import REAL, REPO
+from tests.test_blame_chain import mini_seed_trace, op
+from tracegraph import schema
+from tracegraph.analysis import Analysis, analyze
+from tracegraph.checks import PRESETS, CheckResult, evaluate, load_rules, preset
+from tracegraph.cli import app
+from tracegraph.groups import groups_frame
+from tracegraph.loader import load
+from tracegraph.trace import Trace
+
+MS = 1_000_000
+JUNIT_XSD = REPO / "tests" / "data" / "junit.xsd"
+GLOO = REAL / "kineto" / "gloo_pp2_dp2"
+DDP = REAL / "ascend" / "torch_npu_ddp8_level1"
+SEED = "hsdp-async-reduction"
+
+
+# --- inputs ------------------------------------------------------------------------------------
+def mini_async_trace() -> Trace:
+    """The miniature after the fix: BWD_SEND first, the reduction on stream 52 under compute."""
+    p2p = {"comm": "batch_send_recv", "group": "g01", "seq": 0}
+    rows = [
+        op(0, 47, "ProfilerStep#1", schema.MARKER, 0, 121.5),
+        op(0, 47, "MatMul", schema.COMPUTE, 0, 10),
+        op(0, 47, "EVENT_WAIT", schema.WAIT, 10, 40.501),
+        op(0, 47, "MatMul", schema.COMPUTE, 40.502, 121.5),
+        op(0, 50, "hcom_batchSendRecv__g01_0_1", schema.P2P, 10, 40.5, peer=1, **p2p),
+        op(0, 50, "EVENT_RECORD", schema.RECORD, 40.5005, 40.5005),
+        op(1, 47, "ProfilerStep#1", schema.MARKER, 0, 141),
+        op(1, 47, "MatMulGrad", schema.COMPUTE, 0, 40),
+        op(1, 47, "EVENT_RECORD", schema.RECORD, 40.0, 40.0),
+        op(1, 47, "MatMul", schema.COMPUTE, 40.1, 120),
+        op(1, 47, "EVENT_WAIT", schema.WAIT, 120, 130),
+        op(1, 47, "MatMul", schema.COMPUTE, 130.001, 141),
+        op(1, 52, "EVENT_WAIT", schema.WAIT, 0, 40.0005),
+        op(1, 52, "hcom_allReduce__dp1_0_1", schema.COLLECTIVE, 40.001, 129.9, comm="allreduce",
+           group="dp1", seq=0),
+        op(1, 52, "EVENT_RECORD", schema.RECORD, 129.9985, 129.9985),
+        op(1, 50, "EVENT_WAIT", schema.WAIT, 0, 40.0008),
+        op(1, 50, "hcom_batchSendRecv__g01_0_1", schema.P2P, 40.01, 40.5, peer=0, **p2p),
+    ]
+    return trace_of(rows, [GroupInfo("g01", "pp-0-1", "pp", (0, 1)),
+                           GroupInfo("dp1", "hsdp-32", "dp", (1, *range(100, 131)))])
+
+
+def trace_of(rows: list[dict], infos: list[GroupInfo]) -> Trace:
+    frame = pd.DataFrame(rows)
+    for column, default in (schema.STRING_DEFAULTS | schema.INT_DEFAULTS).items():
+        frame[column] = frame[column].fillna(default) if column in frame else default
+    events = schema.events_table({c: frame[c].tolist() for c in schema.EVENTS.names}, len(frame))
+    groups, _ = groups_frame(infos, events)
+    return Trace(Path("mini"), events.to_pandas(), groups,
+                 pd.DataFrame({"rank": sorted(frame["rank"].unique())}))
+
+
+SIM = {"sync": "hsdp-straggler-sync", "async": "hsdp-straggler-async"}
+
+
+@functools.cache
+def timeline(mode: str):
+    from tracegraph.simulate import simulate
+
+    return simulate(SIM[mode])
+
+
+@functools.cache
+def sim_dir() -> Path:
+    """A folder for the simulated bundles, removed when the test process exits."""
+    folder = Path(tempfile.mkdtemp(prefix="tracegraph-sim-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
+
+
+@functools.cache
+def sim_bundle(mode: str, fmt: str) -> Path:
+    """The simulated seed case, before (sync) or after (async) the fix, in one format."""
+    from tracegraph.simulate.bundle_writer import write_bundle
+
+    return write_bundle(timeline(mode), sim_dir() / f"{SIM[mode]}-{fmt}", fmt)
+
+
+@functools.cache
+def sim_analysis(mode: str, fmt: str) -> Analysis:
+    return analyze(load(sim_bundle(mode, fmt), jobs=1, use_cache=False))
+
+
+def by_rule(results: list[CheckResult]) -> dict[str, CheckResult]:
+    return {r.rule: r for r in results}
+
+
+# --- loading rules -----------------------------------------------------------------------------
+def test_rules_file_combines_presets_and_rules(tmp_path: Path) -> None:
+    path = tmp_path / "rules.toml"
+    path.write_text('presets = ["hsdp-async-reduction"]\n\n[[rule]]\ntype = "max_step_time"\n'
+                    'ms = 250\nname = "step under 250 ms"\n\n[[rule]]\ntype = "min_overlap"\n'
+                    'dim = "dp"\n')
+    rules = load_rules(path, [])
+    assert [r.type for r in rules] == [r.type for r in PRESETS[SEED]] + ["max_step_time",
+                                                                          "min_overlap"]
+    assert rules[-2].title == "step under 250 ms" and rules[-2].params == {"ms": 250}
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ("[[rule]]\nms = 3\n", "needs a type"),
+    ('[[rule]]\ntype = "max_wait"\nms = 3\n', "unknown rule type 'max_wait'"),
+    ('[[rule]]\ntype = "max_bubble"\nms = 3\n', "missing category"),
+    ('[[rule]]\ntype = "max_bubble"\ncategory = "slowness"\nms = 3\n', "category must be"),
+    ('[[rule]]\ntype = "max_step_time"\nms = "fast"\n', "ms must be a number"),
+    ('[[rule]]\ntype = "max_step_time"\nms = 1\nrank = 3\n', "unknown rank"),
+    ('presets = ["nope"]\n', "unknown preset 'nope'"),
+    ("[[rule]\n", "not valid TOML"),
+    ("", "no rules"),
+])
+def test_bad_rules_file_names_the_file_and_the_problem(tmp_path: Path, text: str,
+                                                       says: str) -> None:
+    path = tmp_path / "rules.toml"
+    path.write_text(text)
+    with pytest.raises(TraceError, match=says) as error:
+        load_rules(path, [])
+    assert "\n" not in str(error.value)
+    if "preset" not in says:
+        assert str(path) in str(error.value)
+
+
+def test_unknown_preset_is_bad_input() -> None:
+    with pytest.raises(TraceError, match="known: hsdp-async-reduction"):
+        preset("hsdp-sync")
+
+
+# --- the seed miniature --------------------------------------------------------------------------
+def test_preset_fails_the_sync_miniature_naming_rank_stage_ops_and_times() -> None:
+    results = by_rule(evaluate(preset(SEED), analyze(mini_seed_trace())))
+    assert not any(r.passed for r in results.values())
+    [wait] = results["no_reduction_wait_before_p2p"].violations
+    # rank 1 = stage 1 of the pp group g01 = (0, 1); its stream-47 wait 40.0001 → 89.999 ms is
+    # released by the AllReduce (ends 89.9, record 89.9985); the P2P starts 90.01 ms
+    assert (wait.rank, wait.stage, wait.step) == (1, 1, 1)
+    assert wait.start_ms == pytest.approx(40.0001, abs=1e-5)
+    assert wait.end_ms == pytest.approx(89.999, abs=1e-5)
+    assert "hcom_allReduce__dp1_0_1" in wait.text and "hcom_batchSendRecv" in wait.text
+    assert "posted 0.011 ms after the wait" in wait.text
+    [late] = results["p2p_before_reduction_end"].violations
+    assert late.rank == 1
+    assert (late.start_ms, late.end_ms) == pytest.approx((40.001, 89.9), abs=1e-5)
+    assert "posted 0.110 ms after its stage reduction completed" in late.text
+    [overlap] = results["min_overlap"].violations  # stream 47 waits throughout the reduction
+    assert overlap.rank == 1 and results["min_overlap"].value == 0.0
+
+
+def test_preset_passes_the_async_miniature() -> None:
+    results = by_rule(evaluate(preset(SEED), analyze(mini_async_trace())))
+    assert all(r.passed for r in results.values()), [r.summary for r in results.values()]
+    # the drain wait 120 → 130 ms is released by the reduction, but no P2P follows it
+    assert results["no_reduction_wait_before_p2p"].value == 0.0
+    assert "1 of 1 P2P" in results["p2p_before_reduction_end"].summary
+    # AllReduce 40.001 → 129.9 ms under compute 40.1 → 120 ms: 79.9 of 89.899 ms
+    assert results["min_overlap"].value == pytest.approx(79.9 / 89.899, abs=1e-5)
+
+
+def test_generic_rules_on_the_miniature() -> None:
+    rules = [
+        _rule("max_bubble", category="dp_reduction", ms=10),
+        _rule("max_group_wait", dim="dp", ms=10),
+        _rule("max_group_wait", dim="pp", ms=100),
+        _rule("max_step_time", ms=150)]
+    bubble, dp_wait, pp_wait, step = evaluate(rules, analyze(mini_seed_trace()))
+    # rank 0's 90 ms wait holds 49.9 ms of dp_reduction (test_blame_chain); rank 1's own wait
+    # 40.0001 → 89.999 ms is dp_reduction until the AllReduce ends at 89.9 (the record after it
+    # is launched 98.5 µs late)
+    assert {v.rank for v in bubble.violations} == {0, 1}
+    assert bubble.value == pytest.approx(89.9 - 40.0001, abs=0.001)
+    # direct releasers: rank 1's wait by the AllReduce; rank 0's by its P2P (pp), under 100 ms
+    assert [(v.rank, round(v.end_ms - v.start_ms, 4)) for v in dp_wait.violations] == [
+        (1, 49.9989)]
+    assert pp_wait.passed and pp_wait.value == pytest.approx(90.0)
+    assert [(v.rank, v.step) for v in step.violations] == [(0, 1)]  # both ranks' steps: 181 ms
+
+
+def _rule(kind: str, **params: object):
+    from tracegraph.checks import Rule
+
+    return Rule(kind, params)
+
+
+# --- real profiles -----------------------------------------------------------------------------
+def test_dp_wait_and_overlap_on_the_real_ddp_profile() -> None:
+    analysis = analyze(load(DDP, jobs=1, use_cache=False))
+    wait, overlap = evaluate([_rule("max_group_wait", dim="dp", ms=10),
+                              _rule("min_overlap", dim="dp", ratio=0.5)], analysis)
+    # trace_view.json, "Ascend Hardware" Stream 2, EVENT_WAIT > 10 ms, read by hand:
+    # rank 0: 65554.570 µs and 21871.657 µs; rank 1: 59438.2 µs and 21861.8 µs; each ends as an
+    # hcom_allReduce on stream 4 ends
+    assert sorted((v.rank, round(v.end_ms - v.start_ms, 3)) for v in wait.violations) == [
+        (0, 21.872), (0, 65.555), (1, 21.862), (1, 59.438)]
+    assert all("hcom_allReduce" in v.text for v in wait.violations)
+    # the 4 hcom_allReduce of the HCCL "Group 0 Communication" row against the AI_CORE/MIX_AIV
+    # tasks of Stream 2 (pairwise overlap summed by a script): rank 0 4.029 of 105.992 ms,
+    # rank 1 4.017 of 100.376 ms
+    assert sorted(v.rank for v in overlap.violations) == [0, 1]
+    assert overlap.value == pytest.approx((4.029 + 4.017) / (105.992 + 100.376), abs=1e-4)
+
+
+def test_max_step_time_names_the_slowest_rank_of_each_step() -> None:
+    [step] = evaluate([_rule("max_step_time", ms=220)], analyze(load(GLOO, jobs=1)))
+    # ProfilerStep durations in rank{0..3}.json: #2 224.597/227.198/227.682/227.621 ms,
+    # #3 216.508/219.374/217.218/217.173 ms: only step 2 is over 220 ms, its slowest is rank 2
+    assert [(v.rank, v.step) for v in step.violations] == [(2, 2)]
+    assert step.value == pytest.approx(227.682, abs=1e-3)
+
+
+# --- the simulated seed case -------------------------------------------------------------------
+def assert_same_places(result: CheckResult, expected: list[tuple[int, int, float]]) -> None:
+    """The violations are exactly the expected (rank, step) places, with the same durations."""
+    found = sorted((v.rank, v.step, v.end_ms - v.start_ms) for v in result.violations)
+    assert [(r, s) for r, s, _ in found] == [(r, s) for r, s, _ in expected]
+    assert [ms for _, _, ms in found] == pytest.approx([ms for _, _, ms in expected], abs=0.01)
+
+
+def expected_gating_waits(mode: str) -> list[tuple[int, int, float]]:
+    """From the Timeline: compute-stream FSDP_REDUCE_GRAD waits over 1 ms whose rank starts a
+    BWD_SEND P2P within 1 ms of their end: (rank, step, ms)."""
+    tl = timeline(mode)
+    ops = tl.ops.assign(end=tl.ops["start_ns"] + tl.ops["dur_ns"])
+    waits = ops[(ops["stream"] == tl.compute_stream) & (ops["kind"] == schema.WAIT)
+                & (ops["meta_step"] == "FSDP_REDUCE_GRAD") & (ops["dur_ns"] > MS)]
+    sends = ops[(ops["kind"] == schema.P2P) & ops["meta_step"].str.contains("BWD_SEND")]
+    found = []
+    for w in waits.itertuples():
+        mine = sends[sends["rank"] == w.rank]
+        if ((mine["start_ns"] >= w.end) & (mine["start_ns"] <= w.end + MS)).any():
+            found.append((int(w.rank), int(w.step), w.dur_ns / MS))
+    return sorted(found)
+
+
+def expected_late_sends(mode: str) -> list[tuple[int, int, float]]:
+    """From the Timeline: each (rank, step, chunk) stage reduction (its FSDP_REDUCE_GRAD
+    collectives) whose chunk's last BWD_SEND starts after it completed: (rank, step, ms)."""
+    ops = timeline(mode).ops
+    ops = ops.assign(end=ops["start_ns"] + ops["dur_ns"])
+    found = []
+    reductions = ops[(ops["kind"] == schema.COLLECTIVE) & (ops["meta_step"] == "FSDP_REDUCE_GRAD")]
+    for (rank, step, chunk), run in reductions.groupby(["rank", "step", "chunk"]):
+        sends = ops[(ops["rank"] == rank) & (ops["step"] == step) & (ops["chunk"] == chunk)
+                    & (ops["kind"] == schema.P2P) & ops["meta_step"].str.contains("BWD_SEND")]
+        if len(sends) and sends.loc[sends["microbatch"].idxmax(), "start_ns"] >= run["end"].max():
+            found.append((int(rank), int(step), (run["end"].max() - run["start_ns"].min()) / MS))
+    return sorted(found)
+
+
+def test_timeline_ground_truth_is_what_the_seed_describes() -> None:
+    # the seed: rank 12288 exposes ≈473 ms of HSDP AllReduce tails on stream 47 before its
+    # BWD_SEND, rank 8192 ≈133 ms; the async fix leaves no such wait
+    sync = {(rank, step): round(ms) for rank, step, ms in expected_gating_waits("sync")}
+    assert sync[(12288, 1)] == 473 and sync[(8192, 1)] == 133
+    assert expected_gating_waits("async") == [] and expected_late_sends("async") == []
+    # 4 ranks × 2 local chunks × 2 steps = 16 stage reductions; the first stage's chunk 0 (rank 0)
+    # sends no gradient upstream, so 14 are followed by a BWD_SEND, each posted only after
+    assert len(expected_late_sends("sync")) == 14
+
+
+@pytest.mark.parametrize("fmt", ["ascend", "kineto"])
+def test_seed_preset_fails_sync_and_names_ranks_stages_and_reductions(fmt: str) -> None:
+    results = by_rule(evaluate(preset(SEED), sim_analysis("sync", fmt)))
+    late = results["p2p_before_reduction_end"]
+    assert not late.passed
+    assert_same_places(late, expected_late_sends("sync"))
+    # ranks 0, 4096, 8192, 12288 are stages 0..3 of the simulated pipeline
+    assert {(v.rank, v.stage) for v in late.violations} == {(0, 0), (4096, 1), (8192, 2),
+                                                           (12288, 3)}
+    overlap = results["min_overlap"]
+    assert overlap.value == pytest.approx(timeline_overlap("sync"), abs=0.005)
+    assert {v.rank for v in overlap.violations} == {0, 4096, 8192, 12288}
+
+
+def test_seed_preset_names_the_gating_waits_exactly_on_ascend() -> None:
+    wait = by_rule(evaluate(preset(SEED), sim_analysis("sync", "ascend")))[
+        "no_reduction_wait_before_p2p"]
+    expected = expected_gating_waits("sync")
+    assert_same_places(wait, expected)
+    assert wait.value == pytest.approx(max(ms for _, _, ms in expected), abs=0.05)
+    assert all("stream 47 EVENT_WAIT" in v.text and "hcom_allReduce" in v.text
+               and "hcom_batchSendRecv" in v.text for v in wait.violations)
+
+
+@pytest.mark.parametrize("fmt", ["ascend", "kineto"])
+def test_seed_preset_passes_async(fmt: str) -> None:
+    results = by_rule(evaluate(preset(SEED), sim_analysis("async", fmt)))
+    assert all(r.passed for r in results.values()), [r.summary for r in results.values()]
+    assert results["min_overlap"].value == pytest.approx(timeline_overlap("async"), abs=0.005)
+    assert results["min_overlap"].value > 0.5
+
+
+def timeline_overlap(mode: str) -> float:
+    """Share of DP-collective time during which the rank's compute stream ran a kernel, summed
+    over ranks, from the Timeline by a plain sweep over each rank's ops."""
+    tl = timeline(mode)
+    dp = {g for g, info in tl.groups.items() if info.desc == "dp"}
+    total = covered = 0
+    for _, ops in tl.ops.groupby("rank"):
+        kernels = ops[(ops["stream"] == tl.compute_stream) & (ops["kind"] == schema.COMPUTE)]
+        busy: list[list[int]] = []
+        for s, d in sorted(zip(kernels["start_ns"], kernels["dur_ns"], strict=True)):
+            if busy and s <= busy[-1][1]:
+                busy[-1][1] = max(busy[-1][1], s + d)
+            else:
+                busy.append([s, s + d])
+        comm = ops[(ops["kind"] == schema.COLLECTIVE) & ops["group"].isin(dp)]
+        for s, d in zip(comm["start_ns"], comm["dur_ns"], strict=True):
+            total += d
+            covered += sum(max(0, min(s + d, b) - max(s, a)) for a, b in busy)
+    return covered / total
+
+
+# --- the command -------------------------------------------------------------------------------
+def run_cli(*args: object):
+    return CliRunner().invoke(app, [str(a) for a in args] + ["--jobs", "1"])
+
+
+def test_check_command_exit_codes_markdown_and_junit(tmp_path: Path) -> None:
+    sync, after = sim_bundle("sync", "ascend"), sim_bundle("async", "ascend")
+    md, xml = tmp_path / "check.md", tmp_path / "check.xml"
+    failed = run_cli("check", sync, "--preset", SEED, "--markdown", md, "--junit", xml,
+                     "--cache-dir", tmp_path / "cache")
+    assert failed.exit_code == 1, failed.output
+    assert "FAIL" in failed.stdout and "rank 12288 (stage 3)" in failed.stdout
+    text = md.read_text()
+    assert "0 of 3 checks pass" in text and "rank 8192 (stage 2) step 1" in text
+    schema_ = xmlschema.XMLSchema(JUNIT_XSD)
+    schema_.validate(xml)
+    suite = schema_.to_dict(xml)
+    assert (suite["@tests"], suite["@failures"]) == (3, 3)
+    passed = run_cli("check", after, "--preset", SEED, "--json", "--junit", xml,
+                     "--cache-dir", tmp_path / "cache")
+    assert passed.exit_code == 0, passed.output
+    report = json.loads(passed.stdout)
+    assert report["passed"] and [c["passed"] for c in report["checks"]] == [True] * 3
+    schema_.validate(xml)
+    assert schema_.to_dict(xml)["@failures"] == 0
+
+
+def test_check_command_bad_input_and_usage_exit_2(tmp_path: Path) -> None:
+    rules = tmp_path / "rules.toml"
+    rules.write_text('[[rule]]\ntype = "max_wait"\n')
+    bad_rules = run_cli("check", GLOO, "--rules", rules, "--no-cache")
+    assert bad_rules.exit_code == 2
+    assert bad_rules.stderr.count("\n") == 1 and str(rules) in bad_rules.stderr
+    missing = run_cli("check", tmp_path / "nowhere", "--preset", SEED)
+    assert missing.exit_code == 2 and "nowhere" in missing.stderr
+    assert run_cli("check", GLOO).exit_code == 2  # neither --rules nor --preset
+    assert run_cli("check", GLOO, "--preset", "nope", "--no-cache").exit_code == 2
