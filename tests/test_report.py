@@ -147,7 +147,11 @@ def test_fixed_gloo_sample_report(cache_dir: Path) -> None:
     assert times and all(12 <= t <= 25 for t in times)  # README: step ≈ 18 ms without the sleep
 
 
-@pytest.mark.parametrize("bundle", sorted(p.name for p in SAMPLES.iterdir()))
+BUNDLES = sorted([p.name for p in SAMPLES.iterdir() if p.is_dir() and p.name != "simulated"]
+                 + [f"simulated/{p.name}" for p in (SAMPLES / "simulated").glob("*.tar.gz")])
+
+
+@pytest.mark.parametrize("bundle", BUNDLES)
 def test_every_sample_renders(bundle: str, tmp_path: Path, cache_dir: Path) -> None:
     out = tmp_path / "r.html"
     run = CliRunner().invoke(app, ["report", str(SAMPLES / bundle), "-o", str(out),
