@@ -26,13 +26,14 @@ from reports.markdown import (
     verdict_line,
     violation_line,
 )
+from tracegraph.options import Bundle, CacheDir, Jobs, NoCache, RankMap
 
 EXIT_FAILED = 1
 DEFAULT_REGRESSION = "5%"
 VIOLATIONS_SHOWN = 10
 TEXT_COLUMNS = {"cause", "root", "chain", "measured", "after: measured", "result"}
 
-Profile = Annotated[Path, typer.Argument(help="A profile folder, archive (.tar.gz/.zip) or file.")]
+Profile = Bundle
 AsJson = Annotated[bool, typer.Option("--json", help="Print the result as JSON.")]
 Markdown = Annotated[Path | None, typer.Option(
     "--markdown", help="Write a Markdown summary (pull-request comment, CI job summary).")]
@@ -41,11 +42,6 @@ Rules = Annotated[Path | None, typer.Option("--rules", help="TOML file of checks
 Preset = Annotated[list[str] | None, typer.Option(
     "--preset", help="Built-in checks, e.g. hsdp-async-reduction (repeatable).")]
 Threshold = Annotated[float, typer.Option(help="Shortest stall counted a bubble (ms).")]
-CacheDir = Annotated[Path | None, typer.Option(help="Where parsed ranks are cached.")]
-NoCache = Annotated[bool, typer.Option("--no-cache", help="Neither read nor write the cache.")]
-Jobs = Annotated[int | None, typer.Option(help="Parallel parser processes (default: CPUs).")]
-RankMap = Annotated[Path | None, typer.Option(
-    help='JSON file mapping a profile (path or file name) to its rank: {"a.json": 3}.')]
 
 
 def diff_command(

@@ -78,3 +78,21 @@ def test_compute_straggler_is_named(tmp_path: Path) -> None:
     roots = {b.root.rank for b in analysis.bubbles
              if b.category == schema.COMPUTE_STRAGGLER and b.dur > 5e6}
     assert roots == slow == {2}
+
+
+@pytest.mark.parametrize("name", sorted(p.name.removesuffix(".tar.gz")
+                                        for p in SIMULATED.glob("*.tar.gz")))
+def test_loader_counts_what_the_simulator_ran(name: str, tmp_path: Path) -> None:
+    """Device ops per kind and rank, as the loader reads them from the written files, equal the
+    simulator's own counts (Kineto has no device-side record: cudaEventRecord is a host call)."""
+    events = tracegraph.load(SIMULATED / f"{name}.tar.gz", cache_dir=tmp_path).events
+    truth = json.loads((SIMULATED / f"{name}.ground_truth.json").read_text())["op_counts"]
+    device = events[(events["lane_kind"] != schema.THREAD) & (events["kind"] != schema.COMM_TASK)]
+    counts = device.groupby(["rank", "kind"]).size()
+    records = events[events["name"] == "cudaEventRecord"].groupby("rank").size()
+    for rank, kinds in truth.items():
+        for kind, expected in kinds.items():
+            found = counts.get((int(rank), kind), 0)
+            if kind == schema.RECORD and name.endswith("kineto"):
+                found = records.get(int(rank), 0)
+            assert found == expected, (rank, kind)

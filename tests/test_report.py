@@ -380,3 +380,15 @@ def test_interleaved_seed_schedule(tmp_path: Path) -> None:
     ratio = pipeline.recover(analysis, regenerated).bubble_ratio(1)
     assert (ratio.stages, ratio.chunks, ratio.microbatches) == (4, 2, 16)
     assert ratio.theory == pytest.approx(3 / 32)
+
+
+@pytest.mark.parametrize("fmt", ["ascend", "kineto"])
+def test_seed_sample_report_shows_the_chain(fmt: str, cache_dir: Path) -> None:
+    bundle = SAMPLES / "simulated" / f"hsdp-straggler-sync-{fmt}.tar.gz"
+    analysis = analyze(tracegraph.load(bundle, cache_dir=cache_dir))
+    html = render(analysis)
+    assert "4096 → 8192 → 12288" in html  # the seed's chain, in the top-causes table
+    fig = waterfall(analysis, 1)
+    rows = figure_rows(fig)
+    for rank in (4096, 8192, 12288):
+        assert f"r{rank} · stream 47" in rows

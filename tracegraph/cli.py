@@ -20,6 +20,7 @@ from tracegraph.distributed import dask_executor
 from tracegraph.graph import write_graph
 from tracegraph.inventory import inventory
 from tracegraph.loader import load
+from tracegraph.options import Bundle, CacheDir, Dask, Jobs, NoCache, RankMap
 from tracegraph.summary import summarize
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -30,15 +31,6 @@ err = Console(stderr=True)
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
 F = TypeVar("F", bound=Callable[..., object])
-
-Bundle = Annotated[Path, typer.Argument(help="A profile folder, archive (.tar.gz/.zip) or file.")]
-CacheDir = Annotated[Path | None, typer.Option(help="Where parsed ranks are cached.")]
-NoCache = Annotated[bool, typer.Option("--no-cache", help="Neither read nor write the cache.")]
-Jobs = Annotated[int | None, typer.Option(help="Parallel parser processes (default: CPUs).")]
-RankMap = Annotated[Path | None, typer.Option(
-    help='JSON file mapping a profile (path or file name) to its rank: {"a.json": 3}.')]
-Dask = Annotated[str | None, typer.Option(
-    help='Parse ranks on a Dask cluster: "local" or a scheduler address (tcp://host:8786).')]
 
 
 def friendly_errors(command: F) -> F:

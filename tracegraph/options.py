@@ -1,0 +1,17 @@
+"""Command-line options shared by every command that reads a bundle."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+Bundle = Annotated[Path, typer.Argument(help="A profile folder, archive (.tar.gz/.zip) or file.")]
+CacheDir = Annotated[Path | None, typer.Option(help="Where parsed ranks are cached.")]
+NoCache = Annotated[bool, typer.Option("--no-cache", help="Neither read nor write the cache.")]
+Jobs = Annotated[int | None, typer.Option(help="Parallel parser processes (default: CPUs).")]
+RankMap = Annotated[Path | None, typer.Option(
+    help='JSON file mapping a profile (path or file name) to its rank: {"a.json": 3}.')]
+Dask = Annotated[str | None, typer.Option(
+    help='Parse ranks on a Dask cluster: "local" or a scheduler address (tcp://host:8786).')]
