@@ -94,3 +94,12 @@ def test_sampled_traces_are_flagged_unsafe_for_order_matching(real: Path, tmp_pa
     analysis = analyze(trace)
     assert any("unsafe" in w for w in analysis.warnings)
     assert not analysis.matches.instances["safe"].all()
+
+
+def test_critical_path_runs_through_the_sleep(gloo: Analysis) -> None:
+    for path in gloo.critical_paths.values():
+        on_sleep = sum(s.end - s.start for s in path
+                       if s.rank == 1 and s.name == "straggler_sleep")
+        assert on_sleep > 190e6  # the 200 ms sleep holds the step
+        assert {s.kind for s in path if s.name == "straggler_sleep"} == {
+            schema.COMPUTE_STRAGGLER}

@@ -96,3 +96,15 @@ def test_loader_counts_what_the_simulator_ran(name: str, tmp_path: Path) -> None
             if kind == schema.RECORD and name.endswith("kineto"):
                 found = records.get(int(rank), 0)
             assert found == expected, (rank, kind)
+
+
+@pytest.mark.parametrize("fmt", ["ascend", "kineto"])
+def test_seed_critical_path_crosses_every_stage(fmt: str, tmp_path: Path) -> None:
+    analysis, _ = analysed(f"hsdp-straggler-sync-{fmt}", tmp_path)
+    path = analysis.critical_paths[1]
+    steps = analysis.steps[analysis.steps["step"] == 1]
+    covered = sum(s.end - s.start for s in path)
+    assert covered > 0.99 * (steps["end"].max() - steps["start"].min())
+    assert {s.rank for s in path} == {0, 4096, 8192, 12288}
+    reduction = sum(s.end - s.start for s in path if s.kind == schema.DP_REDUCTION)
+    assert reduction > 300e6  # the HSDP tails of 12288 and 8192 lie on the path

@@ -136,6 +136,17 @@ class Blamer:
         self._gap(n, a, b, 0, out)
         return _merge(out)
 
+    def history(self, j: int, a: int, b: int) -> list[Interval]:
+        """Explain all of [a, b], up to the end of op j: j's own execution, then what held its
+        lane (and, through its binding dependencies, other lanes and ranks) before it."""
+        out: list[Interval] = []
+        lo = max(a, self.start[j])
+        if lo < b:
+            self._op(j, lo, b, 0, out)
+        if lo > a:
+            self._before(j, a, lo, 0, out)
+        return _merge(out)
+
     def blocked_thread(self, k: int, a: int, b: int) -> list[Interval]:
         """Explain [a, b], a host thread inside annotation `k` but in no op."""
         out: list[Interval] = []

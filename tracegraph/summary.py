@@ -77,12 +77,12 @@ def _interval(piece: Interval, origin: int) -> dict[str, object]:
 
 
 def _path(path: list[PathSegment], origin: int) -> dict[str, object]:
-    by_kind: dict[str, float] = {}
+    by_category: dict[str, float] = {}
     by_rank: dict[str, float] = {}
     by_lane: dict[str, float] = {}
     for seg in path:
         ms = (seg.end - seg.start) / NS_PER_MS
-        by_kind[seg.kind] = by_kind.get(seg.kind, 0.0) + ms
+        by_category[seg.kind] = by_category.get(seg.kind, 0.0) + ms
         by_rank[str(seg.rank)] = by_rank.get(str(seg.rank), 0.0) + ms
         lane = f"{seg.rank}/{seg.lane}"
         by_lane[lane] = by_lane.get(lane, 0.0) + ms
@@ -91,9 +91,10 @@ def _path(path: list[PathSegment], origin: int) -> dict[str, object]:
         return {k: round(v, 3) for k, v in sorted(d.items(), key=lambda kv: -kv[1])}
 
     return {
-        "length_ms": round(sum(by_kind.values()), 3),
-        "by_kind": rounded(by_kind), "by_rank": rounded(by_rank), "by_lane": rounded(by_lane),
-        "segments": [{"rank": s.rank, "lane": s.lane, "name": s.name, "kind": s.kind,
+        "length_ms": round(sum(by_category.values()), 3),
+        "by_category": rounded(by_category), "by_rank": rounded(by_rank),
+        "by_lane": rounded(by_lane),
+        "segments": [{"rank": s.rank, "lane": s.lane, "name": s.name, "category": s.kind,
                       "start_ms": _ms(s.start, origin), "end_ms": _ms(s.end, origin)}
                      for s in path],
     }
