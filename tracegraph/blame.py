@@ -25,6 +25,7 @@ RELEASE_WINDOW_NS = 2_000_000  # a host thread resumes this soon after the op it
 sys.setrecursionlimit(max(sys.getrecursionlimit(), 8 * MAX_DEPTH + 1_000))  # a frame or 4 a link
 MIN_PIECE_NS = 2_000  # shorter pieces (wake-up latencies, record slots) fold into a neighbour
 UNKNOWN = "unknown"
+QUEUE_WINDOW_NS = 50_000  # a serialized stream starts this soon after the op ahead of it ends
 HOST_SYNC_WINDOW_NS = 1_000_000  # a host blocked on the device launches this soon after it ends
 _DEVICE_WORK = (schema.COMPUTE, schema.COLLECTIVE, schema.P2P, schema.MEMCPY)
 _DIM_CATEGORY = {"pp": schema.PP_P2P, "dp": schema.DP_REDUCTION, "ep": schema.EP_ALLTOALL}
@@ -275,6 +276,12 @@ class Blamer:
             cut = min(b, self.end[freed])
             self._released_thread(freed, a, cut, depth, out)
             a = cut
+        queued = self._releaser(int(self.rank[n]), self.lane_id[n], a, b, QUEUE_WINDOW_NS,
+                                self._device_ends) \
+            if b > a and depth < MAX_DEPTH and launch < a else -1
+        if queued >= 0:  # one hardware queue: n ran as soon as a comm op on another stream ended
+            self._released_thread(queued, a, b, depth, out)
+            return
         self._charge(schema.HOST_LAUNCH, n, a, b, out, "device idle: launched late")
 
     def _host_freed_by(self, n: int, launch: int) -> int:
@@ -318,14 +325,16 @@ class Blamer:
         if lo > a:
             self._before(r, a, lo, depth + 1, out)
 
-    def _releaser(self, rank: int, lane_id: int, lo: int, hi: int) -> int:
-        """The comm op on another lane of `rank` that ran through most of [lo, hi] and ended
-        last within the window before `hi`, or -1."""
-        ends, idx, lanes = self._other_lane_ends.get(rank, (None, None, None))
+    def _releaser(self, rank: int, lane_id: int, lo: int, hi: int,
+                  window: int = RELEASE_WINDOW_NS, table: dict | None = None) -> int:
+        """The op (of `table`: comm ops by default) on another lane of `rank` that ran through
+        most of [lo, hi] and ended last within `window` before `hi`, or -1."""
+        table = self._other_lane_ends if table is None else table
+        ends, idx, lanes = table.get(rank, (None, None, None))
         if ends is None:
             return -1
         last = np.searchsorted(ends, hi + 20_000, side="right")
-        first = np.searchsorted(ends, hi - RELEASE_WINDOW_NS, side="left")
+        first = np.searchsorted(ends, hi - window, side="left")
         for pos in range(last - 1, first - 1, -1):
             op = idx[pos]
             overlap = min(hi, self.end[op]) - max(lo, self.start[op])
