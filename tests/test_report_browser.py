@@ -16,7 +16,7 @@ from playwright.sync_api import BrowserContext, Page, sync_playwright
 
 import tracegraph
 from reports.html import write_report
-from tests.conftest import REAL
+from tests.conftest import REAL, SAMPLES
 from tracegraph.analysis import analyze
 from tracegraph.pipeline import recover
 
@@ -137,3 +137,15 @@ def test_npu_page_loads_without_errors(browser: BrowserContext, tmp_path: Path) 
     # README: 2 of 8 ranks, one step; 4 allreduces on device stream 4 of each.
     assert len(figures) == 1
     assert {"r0 · stream 4", "r1 · stream 4"} <= set(figures[0]["rows"])
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (SAMPLES / "simulated").glob("*.tar.gz")))
+def test_simulated_sample_pages_load_without_errors(browser: BrowserContext, tmp_path: Path,
+                                                    name: str) -> None:
+    page, errors = open_report(browser, SAMPLES / "simulated" / name, tmp_path / "r.html")
+    figures = page.evaluate(FIGURES)
+    page.close()
+    assert errors == []
+    ranks = {row.split(" · ")[0] for fig in figures for row in fig["rows"]}
+    expected = 8 if name.startswith("ep-") else 4  # the simulated job's profiled ranks
+    assert len(ranks) == expected
