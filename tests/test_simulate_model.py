@@ -176,7 +176,7 @@ def test_seed_rank_4096_wait_and_its_chain(sync):
 
 
 def test_seed_decomposition_follows_the_issue(sync):
-    # DESIGN.md / the brief: 5390.0-5627.5 dp_reduction (8192 waits for 12288's AllReduce
+    # DESIGN.md: 5390.0-5627.5 dp_reduction (8192 waits for 12288's AllReduce
     # tails), 5627.5-5730.7 pipeline_fill (8192 BWD), 5730.7-5863.5 dp_reduction (8192's
     # 32-rank AllReduce), last ~0.5 ms pp_p2p. Between the first two our model also shows the
     # 12288 -> 8192 transfer (~0.5 ms pp_p2p), which the issue's table folds into the wait.
