@@ -71,22 +71,15 @@ def step_window(analysis, step: int) -> tuple[int, int]:
     steps = analysis.steps[analysis.steps["step"] == step]
     if len(steps):
         return int(steps["start"].min()), int(steps["end"].max())
-    start, end = aligned(analysis)
+    start, end = analysis.start, analysis.end
     return (int(start.min()), int(end.max())) if len(start) else (0, 1)
-
-
-def aligned(analysis) -> tuple[np.ndarray, np.ndarray]:
-    """Every op's start and end on the aligned clock."""
-    ops = analysis.ops
-    shift = ops.frame["rank"].map(analysis.offsets).fillna(0).astype("int64").to_numpy()
-    return ops.start - shift, ops.end - shift
 
 
 def waterfall(analysis, step: int, *, top: int = 5, max_segments: int = MAX_SEGMENTS
               ) -> go.Figure:
     """The waterfall figure of `step` (ProfilerStep number, -1 for a trace without steps)."""
     lo, hi = step_window(analysis, step)
-    start, end = aligned(analysis)
+    start, end = analysis.start, analysis.end
     inside = np.flatnonzero((end > lo) & (start < hi))
     rows = lane_rows(analysis.ops.lanes)
     origin = analysis.origin

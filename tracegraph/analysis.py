@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -14,11 +13,11 @@ from tracegraph.clock import estimate_offsets
 from tracegraph.critical import PathSegment, critical_path
 from tracegraph.match import Matches, match
 from tracegraph.ops import Ops, build_ops
+from tracegraph.steps import step_markers
 from tracegraph.trace import Trace
 
 SLOW_RANK_FACTOR = 1.15  # compute busier than this × the median of the other ranks = straggler
 SLOW_RANK_SHARE = 0.05  # ... and by at least this share of the profiled time
-_STEP = re.compile(r"^ProfilerStep#(\d+)$")
 
 
 @dataclass
@@ -29,6 +28,8 @@ class Analysis:
     ops: Ops
     matches: Matches
     offsets: dict[int, int]  # rank -> ns subtracted to align clocks
+    start: np.ndarray  # every op of ops.frame: start on the aligned clock
+    end: np.ndarray  # ... and end
     steps: pd.DataFrame  # rank, step, start, end (aligned ns)
     bubbles: list[Bubble]
     critical_paths: dict[int, list[PathSegment]]  # step -> path
@@ -40,7 +41,7 @@ class Analysis:
         """Aligned ns of time zero for the *_ms values: the first step's earliest start."""
         if len(self.steps):
             return int(self.steps["start"].min())
-        return int(self.ops.start.min() - 0) if len(self.ops) else 0
+        return int(self.start.min()) if len(self.start) else 0
 
     def blame(self, step: int | None = None) -> dict[str, float]:
         """ms of bubble charged to each category (all steps, or one)."""
@@ -66,22 +67,18 @@ def analyze(trace: Trace, *, threshold_ms: float = 1.0) -> Analysis:
     bubbles = find_bubbles(ops, blamer, steps, int(threshold_ms * 1e6))
     paths = {int(step): critical_path(blamer, _ops_in(start, end, lo, hi), (lo, hi))
              for step, lo, hi in _step_spans(steps, start, end)}
-    return Analysis(trace=trace, ops=ops, matches=matches, offsets=offsets, steps=steps,
+    return Analysis(trace=trace, ops=ops, matches=matches, offsets=offsets, start=start, end=end,
+                    steps=steps,
                     bubbles=bubbles, critical_paths=paths, slow_ranks=slow,
                     warnings=list(matches.warnings))
 
 
 def step_windows(events: pd.DataFrame, offsets: dict[int, int]) -> pd.DataFrame:
     """rank, step, start, end of every `ProfilerStep#N` on the aligned clock."""
-    markers = events[(events["kind"] == schema.MARKER)
-                     & events["name"].str.startswith("ProfilerStep#")]
-    rows = []
-    for rank, name, start, dur in markers[["rank", "name", "start_ns", "dur_ns"]].itertuples(
-            index=False):
-        if match_ := _STEP.match(name):
-            aligned = int(start) - offsets.get(int(rank), 0)
-            rows.append((int(rank), int(match_[1]), aligned, aligned + int(dur)))
-    steps = pd.DataFrame(rows, columns=["rank", "step", "start", "end"])
+    markers = step_markers(events)
+    start = markers["start_ns"] - markers["rank"].map(offsets).fillna(0).astype("int64")
+    steps = pd.DataFrame({"rank": markers["rank"], "step": markers["step"], "start": start,
+                          "end": start + markers["dur_ns"]})
     return steps.sort_values(["step", "rank"], ignore_index=True).drop_duplicates(
         ["rank", "step"], keep="last")
 
@@ -92,17 +89,14 @@ def slow_ranks(ops: Ops, blamer: Blamer, profiled_ns: int) -> set[int]:
 
     Work is compute on a device stream; on a host thread, ops plus annotation-only stretches
     that no other thread's op released (sleeping or Python work, not waiting)."""
-    busy: dict[int, int] = {}
-    lane_ids = ops.frame["lane_id"].to_numpy()
-    for rank, lane_id in ops.main_lanes().items():
-        total = 0
-        for i in np.flatnonzero(lane_ids == lane_id):
-            kind = blamer.kind[i]
-            waiting = kind == schema.MARKER and blamer.released_by(i) >= 0
-            if kind in (schema.COMPUTE, schema.HOST, schema.MARKER) and not waiting:
-                total += int(blamer.end[i] - blamer.start[i])
-        busy[rank] = total
-    work = pd.Series(busy, dtype="int64")
+    main = ops.main_lanes()
+    lane_ids, kind = ops.frame["lane_id"].to_numpy(), blamer.kind
+    working = np.isin(lane_ids, list(main.values())) & np.isin(
+        kind, [schema.COMPUTE, schema.HOST, schema.MARKER])
+    for i in np.flatnonzero(working & (kind == schema.MARKER)):
+        working[i] = blamer.released_by(i) < 0  # a released annotation stretch was a wait
+    work = pd.Series(blamer.end - blamer.start)[working].groupby(
+        blamer.rank[working]).sum().reindex(list(main), fill_value=0)
     slow = set()
     for rank, ns in work.items():
         others = work.drop(rank).median() if len(work) > 1 else ns

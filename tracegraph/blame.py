@@ -11,7 +11,7 @@ threads (a gloo worker and the host op that launched it). See docs/blame.md.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
@@ -44,6 +44,7 @@ class Interval:
     lane: str
     name: str
     note: str = ""
+    unprofiled_group: str = ""  # the group whose unprofiled members hold the straggler
 
     @property
     def dur(self) -> int:
@@ -347,11 +348,12 @@ class Blamer:
         if b <= a:
             return
         if self.kind[i] in (schema.COLLECTIVE, schema.P2P):
-            note = ""
+            note, group = "", ""
             if self.unprofiled[i]:
+                group = str(self.group[i])
                 note = (f"straggler among the {self.unprofiled[i]} unprofiled members of group "
-                        f"{self.group[i]}")
-            self._charge(self.comm_category[i], i, a, b, out, note)
+                        f"{group}")
+            self._charge(self.comm_category[i], i, a, b, out, note, group)
         elif self.kind[i] == schema.WAIT:
             self._charge(UNKNOWN, i, a, b, out, "no matching record found")
         else:
@@ -362,15 +364,14 @@ class Blamer:
         self._charge(schema.COMPUTE_STRAGGLER if slow else schema.PIPELINE_FILL, k, a, b, out)
 
     def _charge(self, category: str, k: int, a: int, b: int, out: list[Interval],
-                note: str = "") -> None:
+                note: str = "", unprofiled_group: str = "") -> None:
         if b > a:
             out.append(Interval(int(a), int(b), category, int(self.rank[k]), str(self.lane[k]),
-                                str(self.name[k]), note))
+                                str(self.name[k]), note, unprofiled_group))
 
 
 def _extended(piece: Interval, end: int) -> Interval:
-    return Interval(piece.start, max(piece.end, end), piece.category, piece.rank, piece.lane,
-                    piece.name, piece.note)
+    return replace(piece, end=max(piece.end, end))
 
 
 def _merge(pieces: list[Interval]) -> list[Interval]:
@@ -383,6 +384,7 @@ def _merge(pieces: list[Interval]) -> list[Interval]:
                 and last.lane == piece.lane and piece.start - last.end <= 1_000):
             if piece.dur > last.dur:
                 last.name, last.note = piece.name, piece.note
+                last.unprofiled_group = piece.unprofiled_group
             last.end = max(last.end, piece.end)
         else:
             merged.append(piece)
@@ -397,9 +399,7 @@ def _fold_slivers(pieces: list[Interval]) -> list[Interval]:
         else:
             kept.append(piece)
     if len(kept) > 1 and kept[0].dur < MIN_PIECE_NS:
-        first, second = kept[0], kept[1]
-        kept[:2] = [Interval(first.start, second.end, second.category, second.rank, second.lane,
-                             second.name, second.note)]
+        kept[:2] = [replace(kept[1], start=kept[0].start)]
     return kept
 
 

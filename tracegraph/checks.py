@@ -196,7 +196,7 @@ class Facts:
 
     @cached_property
     def times(self) -> tuple[np.ndarray, np.ndarray]:
-        return metrics.aligned(self.analysis)
+        return self.analysis.start, self.analysis.end
 
     @cached_property
     def steps(self) -> pd.DataFrame:

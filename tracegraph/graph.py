@@ -20,13 +20,12 @@ def dependency_graph(analysis: Analysis) -> nx.DiGraph:
     """Nodes are ops (attributes: rank, lane, name, kind, start_ns, end_ns on the aligned clock);
     an edge a -> b means b could not finish (or start) before a; `type` says why."""
     frame = analysis.ops.frame
-    shift = frame["rank"].map(analysis.offsets).fillna(0).astype("int64").to_numpy()
     graph = nx.DiGraph()
     for i, row in enumerate(frame[["rank", "lane", "name", "kind", "group"]].itertuples(
             index=False)):
         graph.add_node(i, rank=int(row.rank), lane=row.lane, name=row.name, kind=row.kind,
-                       group=row.group, start_ns=int(frame.at[i, "start"] - shift[i]),
-                       end_ns=int(frame.at[i, "end"] - shift[i]))
+                       group=row.group, start_ns=int(analysis.start[i]),
+                       end_ns=int(analysis.end[i]))
     prev = analysis.ops.lane_prev()
     for i in np.flatnonzero(prev >= 0):
         graph.add_edge(int(prev[i]), int(i), type="stream")

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import re
-
 import pandas as pd
 
 from tracegraph import schema
+from tracegraph.steps import step_markers
 from tracegraph.trace import Trace
-
-_STEP = re.compile(r"^ProfilerStep#(\d+)$")
 
 
 def inventory(trace: Trace) -> dict[str, object]:
@@ -28,12 +25,8 @@ def inventory(trace: Trace) -> dict[str, object]:
 
 def step_times(events: pd.DataFrame) -> dict[int, float]:
     """Step number -> duration in ms, from the `ProfilerStep#N` markers of one rank."""
-    markers = events[(events["kind"] == schema.MARKER) & events["name"].str.startswith("Profiler")]
-    times: dict[int, float] = {}
-    for name, dur in zip(markers["name"], markers["dur_ns"], strict=True):
-        if match := _STEP.match(name):
-            times[int(match[1])] = max(times.get(int(match[1]), 0.0), dur / 1e6)
-    return dict(sorted(times.items()))
+    longest = step_markers(events).groupby("step")["dur_ns"].max().sort_index()
+    return {int(step): ns / 1e6 for step, ns in longest.items()}
 
 
 def _rank_summary(meta: dict[str, object], events: pd.DataFrame) -> dict[str, object]:

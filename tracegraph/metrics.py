@@ -29,19 +29,12 @@ _THREAD_ID = re.compile(r"^thread \d+")
 
 
 # --- clocks and steps --------------------------------------------------------------------------
-def aligned(analysis: Analysis) -> tuple[np.ndarray, np.ndarray]:
-    """Start and end of every op of `analysis.ops.frame` on the aligned clock."""
-    frame = analysis.ops.frame
-    shift = frame["rank"].map(analysis.offsets).fillna(0).astype("int64").to_numpy()
-    return frame["start"].to_numpy() - shift, frame["end"].to_numpy() - shift
-
-
 def step_table(analysis: Analysis) -> pd.DataFrame:
     """rank, step, start, end (aligned ns), ms: the ProfilerStep windows, else each rank's whole
     span as step -1."""
     steps = analysis.steps[["rank", "step", "start", "end"]]
     if not len(steps) and len(analysis.ops):
-        start, end = aligned(analysis)
+        start, end = analysis.start, analysis.end
         spans = pd.DataFrame({"rank": analysis.ops.frame["rank"], "start": start, "end": end})
         steps = spans.groupby("rank", as_index=False).agg(start=("start", "min"),
                                                           end=("end", "max"))
@@ -136,7 +129,7 @@ def main_compute(analysis: Analysis) -> np.ndarray:
 def overlap_table(analysis: Analysis) -> pd.DataFrame:
     """rank, step, dim, comm_ms, overlap_ms: per step, the time the rank's communication of each
     group kind was in flight, and how much of it its main lane spent computing."""
-    start, end = aligned(analysis)
+    start, end = analysis.start, analysis.end
     dims, computing = comm_dims(analysis), main_compute(analysis)
     ranks = analysis.ops.frame["rank"].to_numpy()
     order = np.argsort(ranks, kind="stable")

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from tracegraph import schema
+from tracegraph.steps import is_step_marker
 
 DEVICE_KINDS = (schema.COMPUTE, schema.WAIT, schema.RECORD, schema.MEMCPY, schema.COLLECTIVE,
                 schema.P2P)
@@ -97,7 +98,7 @@ def _rank_ops(rank: int, events: pd.DataFrame) -> pd.DataFrame:
                           & device["correlation"].isin(comm.loc[placed, "correlation"])
                           & (device["correlation"] >= 0))]
         return pd.concat([device, comm], ignore_index=True).assign(mode=schema.STREAM)
-    threads = events[(events["lane_kind"] == schema.THREAD) & ~_is_step_marker(events)]
+    threads = events[(events["lane_kind"] == schema.THREAD) & ~is_step_marker(events)]
     if len(threads):
         flat = pd.concat([_flatten(lane) for _, lane in threads.groupby("lane")],
                          ignore_index=True)
@@ -111,10 +112,6 @@ def _frame(events: pd.DataFrame) -> pd.DataFrame:
     frame = events.rename(columns={"start_ns": "start"})
     frame = frame.assign(event=events.index.to_numpy(), end=events["start_ns"] + events["dur_ns"])
     return frame[COLUMNS].reset_index(drop=True)
-
-
-def _is_step_marker(events: pd.DataFrame) -> pd.Series:
-    return (events["kind"] == schema.MARKER) & events["name"].str.startswith("ProfilerStep#")
 
 
 def _flatten(lane_events: pd.DataFrame) -> pd.DataFrame:

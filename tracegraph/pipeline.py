@@ -112,7 +112,7 @@ def from_op_order(analysis) -> Pipeline | None:
     if not ((frame["kind"] == schema.P2P) & (frame["peer"] >= 0)).any() or _interleaved(
             analysis.trace):
         return None
-    start, end = _aligned(analysis)
+    start, end = analysis.start, analysis.end
     after, before = _evidence(analysis, start, end)
     lane_ids = frame["lane_id"].to_numpy()
     parts = [_lane_blocks(analysis, np.flatnonzero(lane_ids == lane_id), start, end, after,
@@ -241,15 +241,9 @@ def _flow_depth(events: pd.DataFrame) -> dict[int, int]:
 
 
 # --- work and bubble -------------------------------------------------------------------------
-def _aligned(analysis) -> tuple[np.ndarray, np.ndarray]:
-    ops = analysis.ops
-    shift = ops.frame["rank"].map(analysis.offsets).fillna(0).astype("int64").to_numpy()
-    return ops.start - shift, ops.end - shift
-
-
 def _work(analysis, blocks: pd.DataFrame) -> np.ndarray:
     """Main-lane compute time (aligned ns) inside each block."""
-    ops, (start, end) = analysis.ops, _aligned(analysis)
+    ops, start, end = analysis.ops, analysis.start, analysis.end
     lane_ids = ops.frame["lane_id"].to_numpy()
     working = ops.frame["kind"].isin(_WORK_KINDS).to_numpy()
     work = np.zeros(len(blocks), dtype=np.int64)

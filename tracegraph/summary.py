@@ -64,9 +64,8 @@ def _root(piece: Interval, members: dict[str, tuple[int, ...]], present: set[int
     root: dict[str, object] = {"rank": piece.rank, "lane": piece.lane, "name": piece.name}
     if piece.note:
         root["note"] = piece.note
-    group = piece.note.rsplit("group ", 1)[-1] if "unprofiled" in piece.note else ""
-    if group in members:
-        root["profile_ranks"] = [r for r in members[group] if r not in present]
+    if piece.unprofiled_group in members:
+        root["profile_ranks"] = [r for r in members[piece.unprofiled_group] if r not in present]
     return root
 
 

@@ -1,0 +1,25 @@
+"""Training steps as the profilers mark them: `ProfilerStep#N` annotations."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from tracegraph import schema
+
+STEP_NAME = r"^ProfilerStep#(\d+)$"
+
+
+def is_step_marker(events: pd.DataFrame) -> pd.Series:
+    """Mask of the `ProfilerStep#N` markers among `events`."""
+    return (events["kind"] == schema.MARKER) & events["name"].str.match(STEP_NAME)
+
+
+def step_markers(events: pd.DataFrame) -> pd.DataFrame:
+    """rank, step (N), start_ns, dur_ns of every `ProfilerStep#N` marker."""
+    markers = events[is_step_marker(events)]
+    return pd.DataFrame({
+        "rank": markers["rank"].astype("int64"),
+        "step": markers["name"].str.extract(STEP_NAME, expand=False).astype("int64"),
+        "start_ns": markers["start_ns"].astype("int64"),
+        "dur_ns": markers["dur_ns"].astype("int64"),
+    })
