@@ -56,16 +56,18 @@ def mini_seed_trace(offset_ms: float = 0.0) -> Trace:
     for row in rows:  # rank 1's clock runs ahead
         if row["rank"] == 1:
             row["start_ns"] += int(offset_ms * MS)
+    return trace(rows, [GroupInfo("g01", "pp-0-1", "pp", (0, 1)),
+                        GroupInfo("dp1", "hsdp-32", "dp", (1, *range(100, 131)))])
+
+
+def trace(rows: list[dict], infos: list[GroupInfo]) -> Trace:
+    """A two-rank Trace of these event rows and groups."""
     frame = pd.DataFrame(rows)
     for column, default in (schema.STRING_DEFAULTS | schema.INT_DEFAULTS).items():
         frame[column] = frame[column].fillna(default) if column in frame else default
     events = schema.events_table({c: frame[c].tolist() for c in schema.EVENTS.names}, len(frame))
-
-    infos = [GroupInfo("g01", "pp-0-1", "pp", (0, 1)),
-             GroupInfo("dp1", "hsdp-32", "dp", (1, *range(100, 131)))]
     groups, _ = groups_frame(infos, events)
-    ranks = pd.DataFrame({"rank": [0, 1]})
-    return Trace(Path("mini"), events.to_pandas(), groups, ranks)
+    return Trace(Path("mini"), events.to_pandas(), groups, pd.DataFrame({"rank": [0, 1]}))
 
 
 def test_wait_is_charged_along_the_chain() -> None:
@@ -97,3 +99,31 @@ def test_critical_path_runs_through_the_reduction() -> None:
     assert (1, "hcom_allReduce__dp1_0_1") in names
     assert (1, "MatMulGrad") in names
     assert path[-1].end == BASE + 181 * MS
+
+
+def test_recorded_stream_wait_releases_when_its_stream_reaches_it() -> None:
+    """Kineto: rank 1 records an event on stream 7 behind a stream wait (for an all-to-all that
+    ended at 3 ms) and behind its compute (until 10 ms); its P2P stream waits on that record.
+    The record fires when the compute ends, so rank 0's wait for the P2P is rank 1's compute,
+    not the all-to-all. Stream waits sit at their host call (0.5 ms), not on the device."""
+    p2p = {"comm": "batch_send_recv", "group": "g01", "seq": 0}
+    rows = [
+        op(0, 7, "ProfilerStep#1", schema.MARKER, 0, 20),
+        op(0, 7, "MatMul", schema.COMPUTE, 0, 1, correlation=1),
+        op(0, 7, "SendRecv", schema.P2P, 1, 12, peer=1, correlation=2, **p2p),
+        op(0, 7, "MatMul", schema.COMPUTE, 12, 20, correlation=3),
+        op(1, 7, "ProfilerStep#1", schema.MARKER, 0, 20),
+        op(1, 32, "SendRecv", schema.COLLECTIVE, 1, 3, comm="alltoall", group="ep1", seq=0,
+           correlation=5),
+        op(1, 7, "MatMulGrad", schema.COMPUTE, 0, 10, correlation=6),
+        op(1, 7, "Stream Wait Event", schema.WAIT, 0.5, 0.501, correlation=8, event_id=7,
+           wait_on_stream=32),  # the all-to-all's record has correlation 7
+        op(1, 20, "Stream Wait Event", schema.WAIT, 0.6, 0.601, correlation=10, event_id=9,
+           wait_on_stream=7),  # stream 7's record (correlation 9) comes after the wait
+        op(1, 20, "SendRecv", schema.P2P, 10, 12, peer=0, correlation=11, **p2p),
+    ]
+    analysis = analyze(trace(rows, [GroupInfo("g01", "pp-0-1", "pp", (0, 1)),
+                                    GroupInfo("ep1", "ep-1", "ep", (1,))]))
+    wait = next(b for b in analysis.bubbles if b.rank == 0 and b.name == "SendRecv")
+    assert [(p.start - BASE, p.end - BASE, p.category, p.rank) for p in wait.intervals] == [
+        (1 * MS, 10 * MS, schema.PIPELINE_FILL, 1), (10 * MS, 12 * MS, schema.PP_P2P, 0)]

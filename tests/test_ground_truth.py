@@ -17,22 +17,37 @@ from tests.conftest import SAMPLES
 from tests.ground_truth_eval import agreement
 from tracegraph import schema
 from tracegraph.analysis import Analysis, analyze
+from tracegraph.simulate import simulate
+from tracegraph.simulate.bundle_writer import write_bundle
 
 SIMULATED = SAMPLES / "simulated"
 
 
-def analysed(name: str, cache: Path) -> tuple[Analysis, dict]:
-    truth = json.loads((SIMULATED / f"{name}.ground_truth.json").read_text())
-    return analyze(tracegraph.load(SIMULATED / f"{name}.tar.gz", cache_dir=cache)), truth
+def analysed(name: str, cache: Path, where: Path = SIMULATED) -> tuple[Analysis, dict]:
+    truth = json.loads((where / f"{name}.ground_truth.json").read_text())
+    return analyze(tracegraph.load(where / f"{name}.tar.gz", cache_dir=cache)), truth
 
 
 @pytest.mark.parametrize("name", [
     "hsdp-straggler-sync-ascend", "hsdp-straggler-sync-kineto",
     "hsdp-straggler-async-ascend", "hsdp-straggler-async-kineto",
-    "pp-compute-straggler-ascend",
+    "pp-compute-straggler-ascend", "ep-a2a-overlap-kineto",
 ])
 def test_bubble_time_is_charged_as_injected(name: str, tmp_path: Path) -> None:
     analysis, truth = analysed(name, tmp_path)
+    assert agreement(analysis, truth) >= 0.95  # same category and same root rank
+
+
+@pytest.mark.parametrize(("scenario", "fmt"), [
+    ("ep-a2a-overlap", "ascend"), ("ep-a2a-serialized", "ascend"),
+    ("ep-a2a-serialized", "kineto"), ("pp-compute-straggler", "kineto"),
+])
+def test_unbundled_scenario_is_charged_as_injected(scenario: str, fmt: str,
+                                                   tmp_path: Path) -> None:
+    """The scenarios and formats without a bundled sample, simulated here (one step, seed 0)."""
+    name = f"{scenario}-{fmt}"
+    write_bundle(simulate(scenario, seed=0, steps=1), tmp_path / f"{name}.tar.gz", fmt)
+    analysis, truth = analysed(name, tmp_path / "cache", tmp_path)
     assert agreement(analysis, truth) >= 0.95  # same category and same root rank
 
 

@@ -110,7 +110,9 @@ class Blamer:
         self.rank = frame["rank"].to_numpy()
         self.lane = frame["lane"].to_numpy()
         self.name = frame["name"].to_numpy()
-        self.prev = ops.lane_prev()
+        # a Kineto stream wait sits at its host call, not on the device: lane walks skip it
+        self.host_side = (self.kind == schema.WAIT) & (frame["wait_on_stream"].to_numpy() >= 0)
+        self.prev = _device_prev(ops.lane_prev(), self.host_side)
         self.lane_id = frame["lane_id"].to_numpy()
         self._lane_first = np.searchsorted(self.lane_id, np.arange(self.lane_id.max() + 1
                                                                    if len(frame) else 0))
@@ -124,6 +126,7 @@ class Blamer:
         self.launch = np.where(launch >= 0, launch - (frame["start"].to_numpy() - start), -1)
         self._other_lane_ends = _ends_by_rank(frame, end)
         self._device_ends = _ends_by_rank(frame, end, _DEVICE_WORK)
+        self._pass_ns: dict[int, int] = {}  # recorded stream wait -> when it passed
 
     # --- entry points ------------------------------------------------------------------------
     def blocked(self, i: int, a: int, b: int, depth: int = 0) -> list[Interval]:
@@ -180,26 +183,34 @@ class Blamer:
                 return
         self._charge_self(i, a, b, out)
 
-    def _release(self, i: int, d: int) -> int:
+    def _release(self, i: int, d: int, depth: int = 0) -> int:
         """When dependency `d` let op `i` go on (a producer that is itself a stream wait
-        releases when its own producer does)."""
+        releases when it passes)."""
         if self.matches.how[i] != "event_id":
-            return self.start[d]
-        for _ in range(MAX_DEPTH):
-            if self.kind[d] != schema.WAIT or self.matches.dep[d] < 0:
-                return self.end[d]
-            i, d = d, self.matches.dep[d]
-            if self.matches.how[i] != "event_id":
-                return self.start[d]
-        return self.end[d]
+            return int(self.start[d])
+        return self._passed(d, depth) if self.kind[d] == schema.WAIT else int(self.end[d])
+
+    def _passed(self, w: int, depth: int = 0) -> int:
+        """When recorded stream wait `w` passed: once its stream reached it and its own producer
+        released it (without either, its host-side end)."""
+        if w not in self._pass_ns:
+            times = [self._reached(w, depth)]
+            if self.matches.dep[w] >= 0 and depth < MAX_DEPTH:
+                times.append(self._release(w, self.matches.dep[w], depth + 1))
+            self._pass_ns[w] = max(times) if max(times) >= 0 else int(self.end[w])
+        return self._pass_ns[w]
+
+    def _reached(self, w: int, depth: int = 0) -> int:
+        """When the op or wait queued before stream wait `w` was done (-1: nothing queued)."""
+        q = self.matches.queued.get(w, -1)
+        if q < 0 or depth >= MAX_DEPTH:
+            return -1
+        return self._passed(q, depth + 1) if self.kind[q] == schema.WAIT else int(self.end[q])
 
     def _released(self, i: int, d: int, a: int, b: int, depth: int, out: list[Interval]) -> None:
         """Explain [a, b] during which `i` waited for `d` (b <= release of d)."""
         if self.matches.how[i] == "event_id" and self.kind[d] == schema.WAIT:
-            if self.matches.dep[d] >= 0:  # the producer is a stream wait: follow its producer
-                self._released(d, self.matches.dep[d], a, b, depth + 1, out)
-            else:
-                self._charge(UNKNOWN, d, a, b, out, "stream wait without a matched record")
+            self._in_wait(d, a, b, depth, out)
             return
         if self.matches.how[i] == "event_id":  # d is the producer op: it ran, then released
             lo = max(a, self.start[d])
@@ -209,14 +220,35 @@ class Blamer:
         if b > a:
             self._before(d, a, b, depth, out)
 
+    def _in_wait(self, w: int, a: int, b: int, depth: int, out: list[Interval]) -> None:
+        """Explain [a, b] (b <= when recorded stream wait `w` passed): until its stream reached
+        it, what was queued before it; then what it waited for."""
+        reached = self._reached(w)
+        if b > max(a, reached):
+            if self.matches.dep[w] >= 0 and depth < MAX_DEPTH:
+                self._released(w, self.matches.dep[w], max(a, reached), b, depth + 1, out)
+            else:
+                self._charge(UNKNOWN, w, max(a, reached), b, out,
+                             "stream wait without a matched record")
+        q, b = self.matches.queued.get(w, -1), min(b, reached)
+        if b <= a or depth >= MAX_DEPTH:
+            return
+        if self.kind[q] == schema.WAIT:
+            self._in_wait(q, a, b, depth + 1, out)
+        else:
+            self._released_thread(q, a, b, depth, out)
+
     def _before(self, j: int, a: int, b: int, depth: int, out: list[Interval]) -> None:
         """Explain [a, b] (b <= start[j]) by what op j's lane did before j."""
         if depth >= MAX_DEPTH:
             self._charge(UNKNOWN, j, a, b, out, "causal chain too deep")
             return
         nxt, k = j, self._last_before(j, b)
-        if k >= 0 and k + 1 < j:
-            nxt = k + 1
+        if k >= 0 and self.host_side[k]:
+            k = self.prev[k]
+        after = k + 1 if k >= 0 else self._lane_first[self.lane_id[j]]
+        if after < j:  # the first device op after k
+            nxt = after + int(np.argmin(self.host_side[after:j + 1]))
         while b > a:
             gap_lo = max(a, self.end[k]) if k >= 0 else a
             gap_hi = min(b, self.start[nxt])
@@ -278,11 +310,12 @@ class Blamer:
             self._released_thread(freed, a, cut, depth, out)
             a = cut
         queued = self._releaser(int(self.rank[n]), self.lane_id[n], a, b, QUEUE_WINDOW_NS,
-                                self._device_ends) \
-            if b > a and depth < MAX_DEPTH and launch < a else -1
-        if queued >= 0:  # one hardware queue: n ran as soon as a comm op on another stream ended
-            self._released_thread(queued, a, b, depth, out)
-            return
+                                self._device_ends, lane_busy=True) \
+            if b - a >= MIN_PIECE_NS and depth < MAX_DEPTH and launch < a else -1
+        if queued >= 0:  # one hardware queue: n ran as soon as an op on another stream ended
+            cut = min(b, self.end[queued])
+            self._released_thread(queued, a, cut, depth, out)
+            a = cut
         self._charge(schema.HOST_LAUNCH, n, a, b, out, "device idle: launched late")
 
     def _host_freed_by(self, n: int, launch: int) -> int:
@@ -327,9 +360,11 @@ class Blamer:
             self._before(r, a, lo, depth + 1, out)
 
     def _releaser(self, rank: int, lane_id: int, lo: int, hi: int,
-                  window: int = RELEASE_WINDOW_NS, table: dict | None = None) -> int:
-        """The op (of `table`: comm ops by default) on another lane of `rank` that ran through
-        most of [lo, hi] and ended last within `window` before `hi`, or -1."""
+                  window: int = RELEASE_WINDOW_NS, table: dict | None = None,
+                  lane_busy: bool = False) -> int:
+        """The op (of `table`: comm ops by default) on another lane of `rank` that ended last
+        within `window` before `hi` after `lo`, and ran through most of [lo, hi] (`lane_busy`:
+        its lane did), or -1."""
         table = self._other_lane_ends if table is None else table
         ends, idx, lanes = table.get(rank, (None, None, None))
         if ends is None:
@@ -338,10 +373,23 @@ class Blamer:
         first = np.searchsorted(ends, hi - window, side="left")
         for pos in range(last - 1, first - 1, -1):
             op = idx[pos]
-            overlap = min(hi, self.end[op]) - max(lo, self.start[op])
-            if lanes[pos] != lane_id and overlap >= 0.5 * (hi - lo):
+            if lane_busy:
+                busy = self._busy(lanes[pos], lo, hi)
+            else:
+                busy = min(hi, self.end[op]) - max(lo, self.start[op])
+            if lanes[pos] != lane_id and self.end[op] > lo and busy >= 0.5 * (hi - lo):
                 return int(op)
         return -1
+
+    def _busy(self, lane_id: int, lo: int, hi: int) -> int:
+        """ns of [lo, hi] during which ops of the lane ran (device lanes run one op at a time)."""
+        first = self._lane_first[lane_id]
+        stop = self._lane_first[lane_id + 1] if lane_id + 1 < len(self._lane_first) else len(
+            self.start)
+        begin = first + max(int(np.searchsorted(self.start[first:stop], lo, side="left")) - 1, 0)
+        end = first + int(np.searchsorted(self.start[first:stop], hi, side="left"))
+        ran = (np.minimum(self.end[begin:end], hi) - np.maximum(self.start[begin:end], lo))
+        return int(ran[(ran > 0) & ~self.host_side[begin:end]].sum())
 
     # --- charging ----------------------------------------------------------------------------
     def _charge_self(self, i: int, a: int, b: int, out: list[Interval]) -> None:
@@ -371,7 +419,9 @@ class Blamer:
 
 
 def _extended(piece: Interval, end: int) -> Interval:
-    return replace(piece, end=max(piece.end, end))
+    """The piece stretched to `end` (in place: pieces belong to the walk that made them)."""
+    piece.end = max(piece.end, end)
+    return piece
 
 
 def _merge(pieces: list[Interval]) -> list[Interval]:
@@ -403,13 +453,28 @@ def _fold_slivers(pieces: list[Interval]) -> list[Interval]:
     return kept
 
 
+def _device_prev(prev: np.ndarray, host_side: np.ndarray) -> np.ndarray:
+    """The previous op on the same lane that is not host-side (-1 if none)."""
+    idx = np.arange(len(prev))
+    lane_first = np.maximum.accumulate(np.where(prev < 0, idx, 0)) if len(idx) else idx
+    last = np.maximum.accumulate(np.where(host_side, -1, idx)) if len(idx) else idx
+    out = np.full(len(prev), -1, dtype=np.int64)
+    out[1:] = last[:-1]
+    out[out < lane_first] = -1
+    return out
+
+
 def _comm_categories(frame: pd.DataFrame, groups: pd.DataFrame) -> np.ndarray:
+    """Per op: its group's parallel dimension's category, else its comm type's."""
     dims = dict(zip(groups["group"], groups["dim"], strict=True)) if len(groups) else {}
-    categories = []
-    for group, comm in zip(frame["group"], frame["comm"], strict=True):
-        category = _DIM_CATEGORY.get(dims.get(group, ""))
-        categories.append(category or _COMM_CATEGORY.get(comm, schema.DP_REDUCTION))
-    return np.array(categories, dtype=object)
+    group_code, group_names = pd.factorize(frame["group"], use_na_sentinel=False)
+    comm_code, comm_names = pd.factorize(frame["comm"], use_na_sentinel=False)
+    pair, first = np.unique(group_code.astype(np.int64) * len(comm_names) + comm_code,
+                            return_inverse=True)
+    table = np.array([_DIM_CATEGORY.get(dims.get(group_names[p // len(comm_names)], ""))
+                      or _COMM_CATEGORY.get(comm_names[p % len(comm_names)], schema.DP_REDUCTION)
+                      for p in pair.tolist()], dtype=object)
+    return table[first]
 
 
 def _unprofiled_members(n: int, instances: pd.DataFrame) -> np.ndarray:

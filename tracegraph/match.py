@@ -35,6 +35,9 @@ class Matches:
     gates: dict[int, list[int]] = field(default_factory=dict)
     """op -> the stream waits enqueued right before it on its stream (Kineto: a wait sits at its
     host call time, not where the stream stalls); the op could not start before all of them."""
+    queued: dict[int, int] = field(default_factory=dict)
+    """event-id stream wait -> what was enqueued on its stream just before it (an op or another
+    wait): the wait passes only once its stream has reached it, whatever its event says."""
     warnings: list[str] = field(default_factory=list)
 
 
@@ -80,8 +83,7 @@ def _match_waits(ops: Ops, result: Matches) -> None:
     blocking = np.setdiff1d(waits, by_id)
     blocking = blocking[(frame.loc[blocking, "end"] - frame.loc[blocking, "start"]
                          > BLOCKING_WAIT_NS).to_numpy()]
-    for rank, wait_idx in pd.Series(blocking).groupby(frame.loc[blocking, "rank"].to_numpy()):
-        _match_waits_by_timing(frame, int(rank), wait_idx.to_numpy(), result)
+    _match_waits_by_timing(frame, blocking, result)
 
 
 def _match_waits_by_event_id(frame: pd.DataFrame, waits: np.ndarray, result: Matches) -> None:
@@ -91,40 +93,78 @@ def _match_waits_by_event_id(frame: pd.DataFrame, waits: np.ndarray, result: Mat
     stream."""
     enqueued = frame[(frame["correlation"] >= 0) & (frame["stream"] >= 0)].sort_values(
         "correlation")
-    by_stream = {key: (g["correlation"].to_numpy(), g.index.to_numpy())
-                 for key, g in enqueued.groupby(["rank", "stream"])}
-    ops = enqueued[enqueued["kind"] != schema.WAIT]
-    ops_by_stream = {key: (g["correlation"].to_numpy(), g.index.to_numpy())
-                     for key, g in ops.groupby(["rank", "stream"])}
-    for wait in waits:
-        rank = frame.at[wait, "rank"]
-        key = (rank, frame.at[wait, "wait_on_stream"])
-        if key in by_stream:
-            correlations, idx = by_stream[key]
-            pos = np.searchsorted(correlations, frame.at[wait, "event_id"], side="left") - 1
-            if pos >= 0:
-                result.dep[wait], result.how[wait] = idx[pos], "event_id"
-        gated = ops_by_stream.get((rank, frame.at[wait, "stream"]))
-        if gated is not None and result.dep[wait] >= 0:
-            pos = np.searchsorted(gated[0], frame.at[wait, "correlation"], side="right")
-            if pos < len(gated[1]):
-                result.gates.setdefault(int(gated[1][pos]), []).append(int(wait))
+    result.queued = _queued_before(enqueued, waits)
+    rows = frame.loc[waits]
+    producer = _enqueued_at(enqueued, rows["rank"], rows["wait_on_stream"],
+                            rows["event_id"].to_numpy(), "left", -1)
+    found = producer >= 0
+    result.dep[waits[found]], result.how[waits[found]] = producer[found], "event_id"
+    gate = _enqueued_at(enqueued[enqueued["kind"] != schema.WAIT], rows["rank"], rows["stream"],
+                        rows["correlation"].to_numpy(), "right", 0)
+    for wait, op in zip(waits[found & (gate >= 0)].tolist(), gate[found & (gate >= 0)].tolist(),
+                        strict=True):
+        result.gates.setdefault(op, []).append(wait)
 
 
-def _match_waits_by_timing(frame: pd.DataFrame, rank: int, waits: np.ndarray,
-                           result: Matches) -> None:
-    records = frame[(frame["rank"] == rank) & (frame["kind"] == schema.RECORD)]
-    rec_start = records["start"].to_numpy()
-    order = np.argsort(rec_start, kind="stable")
-    rec_start, rec_idx = rec_start[order], records.index.to_numpy()[order]
-    rec_lane = frame.loc[rec_idx, "lane_id"].to_numpy()
-    for wait in waits:
-        end, lane = frame.at[wait, "end"], frame.at[wait, "lane_id"]
-        hi = np.searchsorted(rec_start, end, side="right")
-        lo = np.searchsorted(rec_start, end - RECORD_WINDOW_NS, side="left")
-        candidates = [i for i in range(hi - 1, lo - 1, -1) if rec_lane[i] != lane]
-        if candidates:
-            result.dep[wait], result.how[wait] = rec_idx[candidates[0]], "timing"
+def _enqueued_at(enqueued: pd.DataFrame, rank: pd.Series, stream: pd.Series,
+                 correlation: np.ndarray, side: str, shift: int) -> np.ndarray:
+    """Per query: the op of `enqueued` (sorted by correlation) on the query's (rank, stream) at
+    searchsorted(correlations, correlation, side) + shift, or -1 outside the stream."""
+    out = np.full(len(correlation), -1, dtype=np.int64)
+    lanes = enqueued.groupby(["rank", "stream"]).indices
+    corr, idx = enqueued["correlation"].to_numpy(), enqueued.index.to_numpy()
+    queries = pd.DataFrame({"rank": rank.to_numpy(), "stream": stream.to_numpy()})
+    for key, rows in queries.groupby(["rank", "stream"]).indices.items():
+        lane = lanes.get(key)
+        if lane is None:
+            continue
+        pos = np.searchsorted(corr[lane], correlation[rows], side=side) + shift
+        ok = (pos >= 0) & (pos < len(lane))
+        out[rows[ok]] = idx[lane[pos[ok]]]
+    return out
+
+
+def _queued_before(enqueued: pd.DataFrame, waits: np.ndarray) -> dict[int, int]:
+    """wait -> the op or wait enqueued just before it on its (rank, stream)."""
+    order = enqueued.sort_values(["rank", "stream", "correlation"], kind="stable")
+    idx = order.index.to_numpy()
+    same = ((order["rank"].to_numpy()[1:] == order["rank"].to_numpy()[:-1])
+            & (order["stream"].to_numpy()[1:] == order["stream"].to_numpy()[:-1]))
+    keep = same & np.isin(idx[1:], waits)
+    return dict(zip(idx[1:][keep].tolist(), idx[:-1][keep].tolist(), strict=True))
+
+
+def _match_waits_by_timing(frame: pd.DataFrame, waits: np.ndarray, result: Matches) -> None:
+    """Each blocking wait -> the latest record on another lane of its rank that executed at
+    most RECORD_WINDOW_NS before the wait ended."""
+    records = frame[frame["kind"] == schema.RECORD]
+    by_rank = records.groupby("rank").indices
+    rec_idx, rec_start = records.index.to_numpy(), records["start"].to_numpy()
+    rec_lane = records["lane_id"].to_numpy()
+    rows = frame.loc[waits]
+    end, lane = rows["end"].to_numpy(), rows["lane_id"].to_numpy()
+    for rank, mine in rows.groupby("rank").indices.items():
+        recs = by_rank.get(rank)
+        if recs is None:
+            continue
+        recs = recs[np.argsort(rec_start[recs], kind="stable")]
+        pos = _latest_other_lane(rec_start[recs], rec_lane[recs], end[mine], lane[mine])
+        ok = pos >= 0
+        result.dep[waits[mine[ok]]] = rec_idx[recs[pos[ok]]]
+        result.how[waits[mine[ok]]] = "timing"
+
+
+def _latest_other_lane(start: np.ndarray, lane: np.ndarray, end: np.ndarray,
+                       wait_lane: np.ndarray) -> np.ndarray:
+    """Per wait: position of the last record (by start) in [end - window, end] on a lane other
+    than the wait's, -1 if none."""
+    lo = np.searchsorted(start, end - RECORD_WINDOW_NS, side="left")
+    pos = np.searchsorted(start, end, side="right") - 1
+    clash = (pos >= lo) & (lane[np.maximum(pos, 0)] == wait_lane)
+    while clash.any():
+        pos = np.where(clash, pos - 1, pos)
+        clash = (pos >= lo) & (lane[np.maximum(pos, 0)] == wait_lane)
+    return np.where(pos >= lo, pos, -1)
 
 
 # --- P2P -------------------------------------------------------------------------------------
@@ -134,8 +174,7 @@ def _match_p2p(ops: Ops, result: Matches) -> None:
     if p2p.empty:
         return
     with_seq = p2p[(p2p["seq"] >= 0) & (p2p["group"] != "")]
-    for _, pair in with_seq.groupby(["group", "seq"]):
-        _link_pair(pair.index.to_numpy(), frame, result)
+    _link_pairs(with_seq, ["group", "seq"], result)
     rest = p2p.drop(with_seq.index)
     rest = rest[rest["peer"] >= 0]
     if rest.empty:
@@ -150,15 +189,18 @@ def _match_p2p(ops: Ops, result: Matches) -> None:
                         directed=directed)
     keyed = keyed.sort_values("start", kind="stable")
     keyed["nth"] = keyed.groupby(["group", "a", "b", "directed", "rank"]).cumcount()
-    for _, pair in keyed.groupby(["group", "a", "b", "directed", "nth"]):
-        _link_pair(pair.index.to_numpy(), frame, result)
+    _link_pairs(keyed, ["group", "a", "b", "directed", "nth"], result)
 
 
-def _link_pair(idx: np.ndarray, frame: pd.DataFrame, result: Matches) -> None:
-    """The two halves of one transfer: the later poster releases the earlier one."""
-    if len(idx) != 2 or frame.at[idx[0], "rank"] == frame.at[idx[1], "rank"]:
-        return
-    first, second = sorted(idx, key=lambda i: frame.at[i, "start"])
+def _link_pairs(halves: pd.DataFrame, keys: list[str], result: Matches) -> None:
+    """The two halves of each transfer (rows sharing `keys`; ties in start keep row order): the
+    later poster releases the earlier one. Keys with other than two halves on two ranks: none."""
+    halves = halves.assign(row=np.arange(len(halves)))
+    size = halves.groupby(keys)["row"].transform("size").to_numpy()
+    pairs = halves[size == 2].sort_values([*keys, "start", "row"], kind="stable")
+    first, second = pairs.iloc[0::2], pairs.iloc[1::2]
+    apart = first["rank"].to_numpy() != second["rank"].to_numpy()
+    first, second = first.index.to_numpy()[apart], second.index.to_numpy()[apart]
     result.dep[first], result.how[first] = second, "p2p"
     result.dep[second], result.how[second] = first, "p2p"
 
@@ -170,23 +212,34 @@ def _match_collectives(ops: Ops, group_members: dict[str, tuple[int, ...]],
     coll = frame[frame["kind"] == schema.COLLECTIVE]
     coll = coll.assign(group=coll["group"].where(coll["group"] != "", "stream " +
                                                   coll["stream"].astype(str)))
-    rows = []
+    keyed = []
     for group, ops_of_group in coll.groupby("group"):
-        keyed, safe = _instance_keys(str(group), ops_of_group, result.warnings)
-        for key, members in keyed.groupby(keyed):
-            idx = members.index.to_numpy()
-            rows.append({"group": group, "seq": int(key), "comm": frame.at[idx[0], "comm"],
-                         "ops": idx.tolist(), "ranks": frame.loc[idx, "rank"].tolist(),
-                         "size": len(group_members.get(str(group), ())), "safe": safe})
-    instances = pd.DataFrame(rows, columns=["group", "seq", "comm", "ops", "ranks", "size",
-                                            "safe"])
-    for idx in instances["ops"]:
-        if len(idx) > 1:
-            last = max(idx, key=lambda i: frame.at[i, "start"])
-            for i in idx:
-                if i != last:
-                    result.dep[i], result.how[i] = last, "collective"
-    return instances
+        keys, safe = _instance_keys(str(group), ops_of_group, result.warnings)
+        keyed.append(pd.DataFrame({"group": group, "seq": keys.astype("int64"), "safe": safe,
+                                   "op": keys.index, "size": len(group_members.get(str(group),
+                                                                                   ()))}))
+    if not keyed:
+        return pd.DataFrame(columns=["group", "seq", "comm", "ops", "ranks", "size", "safe"])
+    table = pd.concat(keyed, ignore_index=True).sort_values(["group", "seq", "op"])
+    table = table.assign(rank=frame.loc[table["op"], "rank"].to_numpy(),
+                         comm=frame.loc[table["op"], "comm"].to_numpy(),
+                         start=frame.loc[table["op"], "start"].to_numpy())
+    _link_to_last(table, result)
+    instances = table.groupby(["group", "seq"], sort=True).agg(
+        comm=("comm", "first"), ops=("op", list), ranks=("rank", list), size=("size", "first"),
+        safe=("safe", "first")).reset_index()
+    return instances[["group", "seq", "comm", "ops", "ranks", "size", "safe"]]
+
+
+def _link_to_last(table: pd.DataFrame, result: Matches) -> None:
+    """Every member of an instance (group, seq) depends on the member that started last."""
+    latest = table.sort_values(["group", "seq", "start", "op"], ascending=[True, True, False, True])
+    last = latest.drop_duplicates(["group", "seq"]).set_index(["group", "seq"])["op"]
+    waiting = table.assign(last=last.reindex(pd.MultiIndex.from_frame(table[["group", "seq"]]))
+                           .to_numpy())
+    waiting = waiting[waiting["op"] != waiting["last"]]
+    result.dep[waiting["op"].to_numpy()] = waiting["last"].to_numpy()
+    result.how[waiting["op"].to_numpy()] = "collective"
 
 
 def _instance_keys(group: str, ops: pd.DataFrame, warnings: list[str]) -> tuple[pd.Series, bool]:
