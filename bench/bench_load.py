@@ -3,11 +3,15 @@
 Builds large inputs from the real traces in ../shared/real_traces (a real Kineto rank replicated to
 N ranks of ~35 MB each with shifted times; an Ascend trace_view.json scaled up the same way), then
 times, each in a fresh process: `json.load` and `orjson.loads` of the same bytes (one process, one
-file after another: the decode floor), tracegraph's cold load (no cache, ranks parsed in
-parallel), its warm load (from the Parquet cache) and the full analysis. Prints wall time, peak
-memory (the whole process tree), events/s, and ratios against orjson.
+file after another: the decode floor), the start-up floor (interpreter + tracegraph's imports),
+tracegraph's cold load (no cache, ranks parsed in parallel), its warm load (from the cache), the
+full analysis and, given `--hta-python`, Holistic Trace Analysis' `TraceAnalysis(trace_dir=...)`
+on the same Kineto files. Prints wall time, peak memory of the whole process tree (RSS summed,
+which counts pages that forked workers share once per process, and PSS, which splits them),
+events/s and ratios against orjson.
 
     .venv/bin/python bench/bench_load.py [--ranks 8] [--mb 35] [--format kineto|ascend|both]
+        [--hta-python /tmp/hta-venv/bin/python] [--workdir DIR]
 """
 
 from __future__ import annotations
@@ -16,10 +20,14 @@ import argparse
 import gzip
 import json
 import os
+import resource
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -77,21 +85,55 @@ def build_ascend(out: Path, ranks: int, megabytes: float) -> list[Path]:
     return paths
 
 
-def measure(code: str) -> tuple[float, int, str]:
-    """Run `code` in a fresh interpreter; wall seconds, peak RSS of its process tree, stdout."""
-    process = psutil.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, cwd=REPO)
-    peak, start = 0, time.perf_counter()
+@dataclass
+class Step:
+    """One measured run: wall seconds, CPU seconds (user + system) and peak RSS and PSS
+    (bytes) of the process tree, stdout."""
+
+    wall: float
+    cpu: float | None
+    rss: int
+    pss: int | None
+    out: str
+
+
+def measure(code: str, python: str = sys.executable, pss: bool = False) -> Step:
+    """Run `code` in a fresh interpreter and sample its process tree's memory. RSS (summed over
+    the processes) is cheap to sample; PSS (`pss=True`) reads smaps, which costs enough CPU on a
+    2-core machine to slow the run, so it is sampled less often and in a run of its own."""
+    used = _children_cpu()
+    process = psutil.Popen([python, "-c", code], stdout=subprocess.PIPE, cwd=REPO)
+    peak = 0
+    start = time.perf_counter()
     while process.poll() is None:
-        try:
-            tree = [process, *process.children(recursive=True)]
-            peak = max(peak, sum(p.memory_info().rss for p in tree if p.is_running()))
-        except psutil.Error:
-            pass
-        time.sleep(0.02)
-    wall = time.perf_counter() - start
+        peak = max(peak, _tree_memory(process, pss))
+        time.sleep(0.1 if pss else 0.02)
+    wall, cpu = time.perf_counter() - start, _children_cpu() - used
     if process.returncode:
         raise SystemExit(f"benchmark step failed: {code}")
-    return wall, peak, process.stdout.read().decode().strip()
+    out = process.stdout.read().decode().strip()
+    return Step(wall, cpu, 0, peak, out) if pss else Step(wall, cpu, peak, None, out)
+
+
+def _children_cpu() -> float:
+    """CPU seconds of every waited-for descendant so far (workers a step joined included)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _tree_memory(process: psutil.Process, pss: bool) -> int:
+    """RSS (or PSS) of a process and its descendants, summed; 0 once it is gone."""
+    try:
+        tree = [process, *process.children(recursive=True)]
+    except psutil.Error:
+        return 0
+    total = 0
+    for member in tree:
+        try:
+            total += member.memory_full_info().pss if pss else member.memory_info().rss
+        except psutil.Error:
+            continue
+    return total
 
 
 def decode_floor(paths: list[Path], module: str) -> str:
@@ -105,39 +147,110 @@ def decode_floor(paths: list[Path], module: str) -> str:
 
 
 def tracegraph_code(bundle: Path, cache: Path, analyze: bool, use_cache: bool) -> str:
-    tail = "analyze(t); " if analyze else ""
-    return ("import tracegraph; from tracegraph.analysis import analyze; "
-            f"t = tracegraph.load({str(bundle)!r}, cache_dir=__import__('pathlib').Path("
-            f"{str(cache)!r}), use_cache={use_cache}); {tail}print(len(t.events))")
+    """Load (and analyze) `bundle`; prints the events kept and the seconds spent after the
+    imports."""
+    imports = "import tracegraph.loader" + (", tracegraph.analysis" if analyze else "")
+    tail = "tracegraph.analysis.analyze(t); " if analyze else ""
+    return (f"import time; from pathlib import Path; {imports}; s = time.perf_counter(); "
+            f"t = tracegraph.loader.load({str(bundle)!r}, cache_dir=Path({str(cache)!r}), "
+            f"use_cache={use_cache}); {tail}print(len(t.events), time.perf_counter() - s)")
 
 
-def report(label: str, wall: float, peak: int, events: int, floor: float | None) -> None:
-    ratio = f"{wall / floor:6.2f}×" if floor else "      "
-    print(f"{label:<34} {wall:8.2f} s {peak / 2**20:9.0f} MiB {events / wall / 1e6:8.2f} M ev/s "
-          f"{ratio}", flush=True)
+STARTUP = "import tracegraph.loader; print(0)"
 
 
-def run(fmt: str, ranks: int, megabytes: float, workdir: Path) -> None:
-    build = build_kineto if fmt == "kineto" else build_ascend
-    paths = build(workdir, ranks, megabytes)
+def hta_code(bundle: Path) -> str:
+    """HTA's load of every rank under `bundle` (it finds ranks by `"rank": N` in each file)."""
+    return ("import logging; logging.disable(logging.CRITICAL)\n"
+            "from hta.trace_analysis import TraceAnalysis\n"
+            f"a = TraceAnalysis(trace_dir={str(bundle)!r})\n"
+            "print(sum(len(frame) for frame in a.t.traces.values()))")
+
+
+def hta_missing(python: str | None) -> str | None:
+    """Why HTA cannot be measured with `python`, or None when it can."""
+    if not python:
+        return "no --hta-python given"
+    try:
+        done = subprocess.run([python, "-c", "import hta.trace_analysis"], capture_output=True,
+                              text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"{python}: {error}"
+    lines = done.stderr.strip().splitlines()
+    return None if done.returncode == 0 else f"cannot import hta: {lines[-1] if lines else '?'}"
+
+
+class Table:
+    """Runs and prints the steps of one format against the decode floor."""
+
+    def __init__(self, decoded: int, pss: bool, floor: float) -> None:
+        self.decoded, self.pss, self.floor = decoded, pss, floor
+
+    def step(self, label: str, code: str, python: str = sys.executable,
+             before: Callable[[], None] | None = None) -> Step:
+        """Measure `code` (again for its PSS when asked, after `before`) and print the row."""
+        run = self.with_pss(measure(code, python), code, python, before)
+        self.row(label, run)
+        return run
+
+    def with_pss(self, run: Step, code: str, python: str = sys.executable,
+                 before: Callable[[], None] | None = None) -> Step:
+        """`run` with the peak PSS of a second run of `code`, when asked for."""
+        if self.pss:
+            if before:
+                before()
+            run.pss = measure(code, python, pss=True).pss
+        return run
+
+    def row(self, label: str, run: Step) -> None:
+        ratio = f"{run.wall / self.floor:6.2f}×" if self.floor else "      "
+        pss = f"{run.pss / 2**20:8.0f} MiB" if run.pss is not None else f"{'-':>12}"
+        cpu = f"{run.cpu:7.2f} s" if run.cpu is not None else f"{'-':>9}"
+        print(f"{label:<34} {run.wall:8.2f} s {cpu} {run.rss / 2**20:8.0f} MiB {pss} "
+              f"{self.decoded / run.wall / 1e6:8.2f} M ev/s {ratio}", flush=True)
+
+
+def run(fmt: str, args: argparse.Namespace, workdir: Path) -> None:
+    paths = inputs(fmt, args.ranks, args.mb, workdir)
     size = sum(p.stat().st_size for p in paths)
-    bundle = workdir / fmt
-    print(f"\n{fmt}: {ranks} ranks, {size / 2**20:.0f} MiB of JSON, {os.cpu_count()} CPUs")
-    print(f"{'':<34} {'wall':>10} {'peak':>13} {'events/s':>13} {'vs orjson':>8}")
-    cache = workdir / f"cache-{fmt}"
-    wall, peak, out = measure(decode_floor(paths, "orjson"))
-    floor, decoded = wall, int(out)
-    report("orjson.loads (decode floor)", wall, peak, decoded, floor)
-    wall, peak, _ = measure(decode_floor(paths, "json"))
-    report("json.loads", wall, peak, decoded, floor)
-    wall, peak, out = measure(tracegraph_code(bundle, cache, False, True))
-    report("tracegraph load, cold", wall, peak, decoded, floor)
-    wall, peak, _ = measure(tracegraph_code(bundle, cache, False, True))
-    report("tracegraph load, warm (cache)", wall, peak, decoded, floor)
-    wall, peak, _ = measure(tracegraph_code(bundle, workdir / f"cold-{fmt}", True, False))
-    report("tracegraph load + analyze, cold", wall, peak, decoded, floor)
-    print(f"(kept {out} normalized events of {decoded} JSON events; peak memory vs JSON size: "
-          f"see the peak column against {size / 2**20:.0f} MiB)")
+    bundle, cache = workdir / fmt, workdir / f"cache-{fmt}"
+    print(f"\n{fmt}: {args.ranks} ranks, {size / 2**20:.0f} MiB of JSON, {os.cpu_count()} CPUs")
+    print(f"{'':<34} {'wall':>10} {'CPU':>9} {'peak RSS':>12} {'peak PSS':>12} {'events/s':>13} "
+          f"{'vs orjson':>8}")
+    floor = measure(decode_floor(paths, "orjson"))
+    table = Table(int(floor.out), args.pss, floor.wall)
+    table.row("orjson.loads (decode floor)", table.with_pss(floor, decode_floor(paths, "orjson")))
+    table.step("json.loads", decode_floor(paths, "json"))
+    table.step("start-up (python + imports)", STARTUP)
+    clear = lambda: shutil.rmtree(cache, ignore_errors=True)  # noqa: E731
+    clear()
+    cold = table.step("tracegraph load, cold", tracegraph_code(bundle, cache, False, True),
+                      before=clear)
+    warm = table.step("tracegraph load, warm (cache)", tracegraph_code(bundle, cache, False, True))
+    table.row("  of which after the imports", Step(float(warm.out.split()[1]), None, warm.rss,
+                                                    warm.pss, warm.out))
+    table.step("tracegraph load + analyze, cold",
+               tracegraph_code(bundle, workdir / f"cold-{fmt}", True, False))
+    if fmt == "kineto":
+        why = hta_missing(args.hta_python)
+        if why:
+            print(f"{'HTA TraceAnalysis load':<34} skipped: {why}")
+        else:
+            table.step("HTA TraceAnalysis load", hta_code(bundle), args.hta_python)
+    print(f"(kept {cold.out.split()[0]} normalized events of {table.decoded} JSON events; "
+          f"compare the peak columns with the {size / 2**20:.0f} MiB of JSON)")
+
+
+def inputs(fmt: str, ranks: int, megabytes: float, workdir: Path) -> list[Path]:
+    """The input files, built unless `workdir` already holds them for these settings."""
+    stamp = workdir / f"{fmt}.inputs.json"
+    wanted = {"ranks": ranks, "mb": megabytes}
+    if stamp.exists() and json.loads(stamp.read_text()).get("settings") == wanted:
+        return [Path(p) for p in json.loads(stamp.read_text())["paths"]]
+    shutil.rmtree(workdir / fmt, ignore_errors=True)
+    paths = (build_kineto if fmt == "kineto" else build_ascend)(workdir, ranks, megabytes)
+    stamp.write_text(json.dumps({"settings": wanted, "paths": [str(p) for p in paths]}))
+    return paths
 
 
 def main() -> None:
@@ -145,10 +258,19 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=8)
     parser.add_argument("--mb", type=float, default=35.0, help="MiB of JSON per rank")
     parser.add_argument("--format", choices=["kineto", "ascend", "both"], default="both")
+    parser.add_argument("--hta-python", help="a Python with HolisticTraceAnalysis installed "
+                        "(e.g. /tmp/hta-venv/bin/python); HTA is skipped without it")
+    parser.add_argument("--pss", action="store_true", help="also run each step once more to "
+                        "sample its tree's PSS (pages shared by forked workers counted once)")
+    parser.add_argument("--workdir", type=Path, help="keep the inputs here and reuse them "
+                        "(default: a temporary folder)")
     args = parser.parse_args()
+    formats = ("kineto", "ascend") if args.format == "both" else (args.format,)
     with tempfile.TemporaryDirectory(prefix="tracegraph-bench-") as tmp:
-        for fmt in ("kineto", "ascend") if args.format == "both" else (args.format,):
-            run(fmt, args.ranks, args.mb, Path(tmp))
+        workdir = args.workdir or Path(tmp)
+        workdir.mkdir(parents=True, exist_ok=True)
+        for fmt in formats:
+            run(fmt, args, workdir)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,8 @@ import re
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from operator import attrgetter
+from itertools import compress, repeat
+from operator import attrgetter, eq
 
 import msgspec
 import numpy as np
@@ -96,6 +97,8 @@ class _Wrapped(msgspec.Struct):
 
 
 _DECODER = msgspec.json.Decoder(list[_Event] | _Wrapped)
+_PH, _PID = attrgetter("ph"), attrgetter("pid")
+_MAX_PASSES = 64
 _NO_ARGS = _Args()
 _BOUNDARY = re.compile(rb"\}\s*,\s*\{")
 
@@ -305,7 +308,9 @@ class _Steps:
 def _step_numbers(names: pd.Series) -> np.ndarray:
     """N for "ProfilerStep#N", NO_INT otherwise."""
     numbers = np.full(len(names), NO_INT, dtype=np.int64)
-    steps = names.str.startswith("ProfilerStep#").to_numpy(bool)
+    text = pa.array(names.to_numpy(object), type=pa.string(), from_pandas=True)
+    steps = pc.fill_null(pc.starts_with(text, "ProfilerStep#"), False).to_numpy(
+        zero_copy_only=False)
     found = names[steps].str.extract(r"^ProfilerStep#(\d+)$")[0]
     numbers[steps] = pd.to_numeric(found).fillna(NO_INT).to_numpy(np.int64)
     return numbers
@@ -354,11 +359,10 @@ def _split_layers(events: list[_Event],
                   ctx: _Context) -> tuple[dict[str, list[_Event]], int | None]:
     """Complete events by layer kind (thread names go to ctx), and the device layer's pid."""
     names: dict[object, str] = {}
-    by_pid: dict[object, list[_Event]] = defaultdict(list)
-    for e in events:
-        if e.ph == "X":
-            by_pid[e.pid].append(e)
-        elif e.ph == "M" and e.args is not None and e.name in ("process_name", "thread_name"):
+    phases = list(map(_PH, events))
+    by_pid = _by_pid(list(compress(events, map("X".__eq__, phases))))
+    for e in compress(events, map("M".__eq__, phases)):
+        if e.args is not None and e.name in ("process_name", "thread_name"):
             if e.name == "process_name":
                 names[e.pid] = str(e.args.name)
             else:
@@ -382,6 +386,18 @@ def _split_layers(events: list[_Event],
     if unknown:
         ctx.warnings.append(f"{ctx.where}: skipped unknown layers {sorted(unknown)}")
     return layers, device_pid
+
+
+def _by_pid(events: list[_Event]) -> dict[object, list[_Event]]:
+    """Events grouped by pid (pids in order of appearance, events in file order)."""
+    pids = list(map(_PID, events))
+    distinct = dict.fromkeys(pids)
+    if len(distinct) > _MAX_PASSES:  # one pass per pid would cost more than a dict loop
+        grouped: dict[object, list[_Event]] = defaultdict(list)
+        for pid, e in zip(pids, events, strict=True):
+            grouped[pid].append(e)
+        return grouped
+    return {pid: list(compress(events, map(eq, pids, repeat(pid)))) for pid in distinct}
 
 
 def _layer_kind(process: str) -> str:

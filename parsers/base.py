@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import pyarrow as pa
+if TYPE_CHECKING:  # kept out of the import: `TraceError` alone must not load pyarrow
+    import pyarrow as pa
 
 
 class TraceError(Exception):

@@ -1,9 +1,12 @@
 """PyTorch profiler (Kineto) Chrome traces -> normalized events (see shared/formats/kineto.md).
 
 Decoding uses typed msgspec Structs that declare only the fields read (the rest is skipped
-without building dicts); columns are then built with numpy / pyarrow. Per-event Python work is
-one attribute read per needed field; comm ops, annotations and thread names are few and are
-handled row by row.
+without building dicts), one Struct per trace phase, so flow and instant events (a third of a
+typical trace) decode to empty objects; a phase outside the Chrome trace format falls back to a
+single event type. Columns are then built with numpy / pyarrow (per-event Python work is one
+C-level attribute read per needed field; comm ops, annotations and thread names are few and are
+handled row by row), and the decoded events, which keep the file's bytes alive through their raw
+args, are dropped before the table is assembled.
 
 Mapping: device events (pid = device, tid = stream) go to lane "stream N"; host events to
 "thread TID NAME", except gloo worker threads (lane_kind comm). `task_type` keeps the Kineto
@@ -18,7 +21,9 @@ import json
 import math
 import re
 from collections import defaultdict, deque
-from typing import Any
+from itertools import compress
+from operator import attrgetter
+from typing import Any, ClassVar, Union
 
 import msgspec
 import numpy as np
@@ -60,8 +65,7 @@ class _Args(msgspec.Struct, frozen=True, gc=False):
 _NO_ARGS = _Args()
 
 
-class _Event(msgspec.Struct, frozen=True, gc=False):
-    ph: str = ""
+class _Fields(msgspec.Struct, frozen=True, gc=False):
     cat: str = ""
     name: str = ""
     pid: Any = None
@@ -69,6 +73,30 @@ class _Event(msgspec.Struct, frozen=True, gc=False):
     ts: float = 0.0
     dur: float = 0.0
     args: _Args = _NO_ARGS
+
+
+class _Event(_Fields):
+    """An event of any phase (the fallback decoding)."""
+
+    ph: str = ""
+
+
+class _Complete(_Fields, tag_field="ph", tag="X"):
+    ph: ClassVar[str] = "X"
+
+
+class _Metadata(_Fields, tag_field="ph", tag="M"):
+    ph: ClassVar[str] = "M"
+
+
+def _skipped(phase: str) -> type:
+    """An event of a phase the table does not use: none of its fields are decoded."""
+    return msgspec.defstruct(f"_Phase{ord(phase)}", [], frozen=True, gc=False, tag_field="ph",
+                             tag=phase, namespace={"ph": phase})
+
+
+_PHASES = "BEiICbnestfPONDVvRc()"  # the Chrome trace format's other phases
+_Tagged = Union[(_Complete, _Metadata, *map(_skipped, _PHASES))]  # noqa: UP007
 
 
 class _Trace(msgspec.Struct, gc=False):
@@ -84,7 +112,23 @@ class _Trace(msgspec.Struct, gc=False):
     roctracer_version: Any = None
 
 
+class _TaggedTrace(_Trace, gc=False):
+    traceEvents: list[_Tagged] | None = None
+
+
 _DECODER = msgspec.json.Decoder(_Trace)
+_TAGGED_DECODER = msgspec.json.Decoder(_TaggedTrace)
+
+
+def _decode_doc(data: bytes) -> _Trace:
+    """Decode with one type per phase, so flow / instant / ... events skip their fields; an
+    event with another phase, or none, makes it fall back to the one plain event type."""
+    try:
+        return _TAGGED_DECODER.decode(data)
+    except msgspec.ValidationError:
+        return _DECODER.decode(data)
+
+
 _RECOVERY_TRIES = 8
 
 
@@ -93,7 +137,7 @@ def _decode(raw: bytes, root: str) -> tuple[_Trace, list[str]]:
     if not raw.strip():
         raise TraceError(f"{root}: empty file")
     try:
-        trace, warnings = _DECODER.decode(raw), []
+        trace, warnings = _decode_doc(raw), []
     except msgspec.ValidationError as exc:
         raise TraceError(f"{root}: not a Kineto trace ({exc})") from None
     except msgspec.DecodeError as exc:
@@ -113,7 +157,7 @@ def _recover(raw: bytes, root: str) -> tuple[_Trace, list[str]]:
         if cut < 0:
             break
         try:
-            trace = _DECODER.decode(raw[: cut + 1] + b"]}")
+            trace = _decode_doc(raw[: cut + 1] + b"]}")
         except msgspec.DecodeError:
             cut = raw.rfind(b"},", start, cut)
             continue
@@ -163,7 +207,7 @@ def _int(value: object) -> int:
 def _ints(values: list) -> np.ndarray:
     """An int64 column from JSON values; falls back to per-value conversion for odd types."""
     try:
-        return np.array(values, dtype=np.int64)
+        return np.fromiter(values, np.int64, len(values))
     except (TypeError, ValueError, OverflowError):
         return np.array([_int(v) for v in values], dtype=np.int64)
 
@@ -257,33 +301,43 @@ def _cover(rows: np.ndarray, starts: np.ndarray, ends: np.ndarray, at: np.ndarra
 
 
 # --- the rank's columns ----------------------------------------------------------------------
+_PH, _CAT, _NAME, _TS, _DUR, _TID, _CORRELATION = map(attrgetter, (
+    "ph", "cat", "name", "ts", "dur", "tid", "args.correlation"))
+
+
 class _Rank:
     """Column arrays over the complete (`ph == "X"`) events of one trace that the table keeps."""
 
     def __init__(self, trace: _Trace, base_ns: int):
         events = trace.traceEvents or []
-        ev = self.ev = [e for e in events if e.ph == "X" and e.cat in _CATS]
-        self.meta_events = [e for e in events if e.ph == "M"]
+        phases = list(map(_PH, events))
+        complete = list(compress(events, map("X".__eq__, phases)))
+        ev = self.ev = list(compress(complete, map(_CATS.__contains__, map(_CAT, complete))))
+        self.meta_events = list(compress(events, map("M".__eq__, phases)))
         n = self.n = len(ev)
-        self.cat = np.array([_CATS[e.cat] for e in ev], dtype=np.int8)
-        self.names = [e.name for e in ev]
+        self.cat = np.fromiter(map(_CATS.__getitem__, map(_CAT, ev)), np.int8, n)
+        self.names = list(map(_NAME, ev))
         self.name_arr = pa.array(self.names, pa.string())
-        self.start = base_ns + _ns(np.array([e.ts for e in ev], dtype=np.float64))
-        self.dur = _ns(np.array([e.dur for e in ev], dtype=np.float64))
+        self.start = base_ns + _ns(np.fromiter(map(_TS, ev), np.float64, n))
+        self.dur = _ns(np.fromiter(map(_DUR, ev), np.float64, n))
         self.end = self.start + self.dur
-        self.corr = _ints([e.args.correlation for e in ev])
+        self.corr = _ints(list(map(_CORRELATION, ev)))
         self.device = np.isin(self.cat, _DEVICE_CATS)
-        self.thread = np.full(n, NO_INT, dtype=np.int64)  # host tid, NO_INT on device rows
-        self.thread[~self.device] = _ints([ev[i].tid for i in np.flatnonzero(~self.device)])
+        self.thread = np.where(self.device, NO_INT, _ints(list(map(_TID, ev))))  # host tid
         self.kind = _CAT_KIND[self.cat]
         self.comm = np.full(n, "", dtype=object)
         self.group = np.full(n, "", dtype=object)
         self.dtype = np.full(n, "", dtype=object)
-        self.peer, self.seq, self.nbytes, self.event_id, self.wait_on, self.stream = (
-            np.full(n, NO_INT, dtype=np.int64) for _ in range(6))
+        self.peer, self.seq, self.nbytes, self.event_id, self.wait_on, self.stream, self.pid = (
+            np.full(n, NO_INT, dtype=np.int64) for _ in range(7))
         self.parent = np.full(n, -1, dtype=np.int64)  # launch / issuing host op of a row
         self.warnings: list[str] = []
         self._masks: dict[str, np.ndarray] = {}
+
+    def release(self) -> None:
+        """Drop the decoded events (and, through their raw args, the file's bytes): from here
+        on only the columns are used."""
+        self.ev, self.names, self.meta_events = [], [], []
 
     def rows(self, cats: tuple[int, ...], prefix: str = "") -> np.ndarray:
         """Rows of these categories (whose name starts with `prefix`)."""
@@ -521,23 +575,40 @@ def _lanes(r: _Rank, names: dict[int, str], workers: np.ndarray
         lane_kinds.append(schema.COMM if tid in worker_set else schema.THREAD)
     codes[host] = inverse
     device = np.flatnonzero(r.device)
-    r.stream[device] = _device_streams(r, device)
-    pids = _ints([r.ev[i].pid for i in device])
-    keys, inverse = np.unique(np.stack([pids, r.stream[device]], axis=1), axis=0,
-                              return_inverse=True)
+    pids = r.pid[device]
+    key_pids, key_streams, inverse = _unique_pairs(pids, r.stream[device])
     several = len(np.unique(pids)) > 1
-    for pid, stream in keys.tolist():
+    for pid, stream in zip(key_pids.tolist(), key_streams.tolist(), strict=True):
         lane = f"stream {stream}" if stream >= 0 else "device sync"
         lane_names.append(f"device {pid} {lane}" if several else lane)
         lane_kinds.append(schema.STREAM)
-    codes[device] = len(tids) + inverse.reshape(-1)
+    codes[device] = len(tids) + inverse
     return _dictionary(codes, lane_names), _dictionary(codes, lane_kinds)
+
+
+def _unique_pairs(first: np.ndarray, second: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The distinct (first, second) pairs in sorted order and each row's index among them (what
+    np.unique(axis=0, return_inverse=True) gives, without its slow row sort)."""
+    order = np.lexsort((second, first))
+    a, b = first[order], second[order]
+    new = np.r_[True, (a[1:] != a[:-1]) | (b[1:] != b[:-1])] if len(a) else np.zeros(0, bool)
+    inverse = np.empty(len(a), dtype=np.int64)
+    inverse[order] = np.cumsum(new) - 1
+    return a[new], b[new], inverse
 
 
 def _dictionary(codes: np.ndarray, values: list[str] | tuple[str, ...]) -> pa.Array:
     """A string column given as codes into `values`."""
     return pa.DictionaryArray.from_arrays(pa.array(codes.astype(np.int32)),
                                           pa.array(values, pa.string()))
+
+
+def _device_ids(r: _Rank) -> None:
+    """`pid` (the device) and `stream` of the device rows."""
+    device = np.flatnonzero(r.device)
+    r.stream[device] = _device_streams(r, device)
+    r.pid[device] = _ints([r.ev[i].pid for i in device])
 
 
 def _device_streams(r: _Rank, device: np.ndarray) -> np.ndarray:
@@ -574,12 +645,13 @@ def _context(r: _Rank) -> tuple[np.ndarray, pa.Array]:
     on the row's own thread, or on any thread for threads without annotations; an annotation
     is its own); device rows and gloo worker ops take their launching / issuing host op's."""
     steps = r.rows((ANNOTATION,), "ProfilerStep#")
-    steps = steps[[bool(_STEP.match(r.names[i])) for i in steps.tolist()]]
+    marks = r.name_arr.take(pa.array(steps)).to_pylist()
+    steps = steps[[bool(_STEP.match(name)) for name in marks]]
     users = r.rows((ANNOTATION,))
     users = users[~(r.prefixed("ProfilerStep#") | r.prefixed("gloo:")
                     | r.prefixed("nccl:"))[users]]
     step_no = np.full(r.n + 1, NO_INT, dtype=np.int32)
-    step_no[steps] = [int(_STEP.match(r.names[i])[1]) for i in steps.tolist()]
+    step_no[steps] = [int(_STEP.match(name)[1]) for name in marks if _STEP.match(name)]
     step = step_no[_cover(steps, r.start[steps], r.end[steps], r.start)]
     label = np.full(r.n, -1, dtype=np.int64)
     host = np.flatnonzero(~r.device)
@@ -655,6 +727,7 @@ def parse(files: RankFiles, read: Reader) -> ParsedRank:
     base_ns = max(_int(trace.baseTimeNanoseconds), 0)
     pg_config = info.get("pg_config") if isinstance(info.get("pg_config"), list) else []
     r = _Rank(trace, base_ns)
+    trace.traceEvents = None  # the events the table does not keep (flows, instants) go now
     if trace.baseTimeNanoseconds is None and r.n and r.start.min() < _RELATIVE_BELOW_NS:
         # kineto builds of 2024-25 write the base after traceEvents: a cut file loses it
         r.warnings.append(f"{files.root}: ts are relative but baseTimeNanoseconds is missing: "
@@ -668,8 +741,10 @@ def parse(files: RankFiles, read: Reader) -> ParsedRank:
     workers = _gloo_workers(r, names)
     _gloo_groups(r, workers, _gloo_issuers(r, workers), pg_config)
     _sync_and_copies(r)
-    return ParsedRank(rank=rank, events=_table(r, rank, names, workers),
-                      groups=_groups(r, pg_config),
+    _device_ids(r)
+    groups = _groups(r, pg_config)
+    r.release()
+    return ParsedRank(rank=rank, events=_table(r, rank, names, workers), groups=groups,
                       meta=_meta(trace, info, files.root, base_ns, r.n),
                       warnings=warnings + r.warnings)
 

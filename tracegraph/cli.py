@@ -1,4 +1,8 @@
-"""The `tracegraph` command line."""
+"""The `tracegraph` command line.
+
+Heavy modules (pandas, pyarrow, the analysis) are imported inside the commands that use them,
+so `tracegraph --help` and commands that need none of them start fast.
+"""
 
 from __future__ import annotations
 
@@ -7,21 +11,16 @@ import sys
 from collections.abc import Callable
 from functools import wraps
 from pathlib import Path
-from typing import Annotated, TypeVar
+from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from parsers.base import TraceError
-from reports.terminal import print_analysis
-from tracegraph.analysis import analyze as run_analysis
-from tracegraph.distributed import dask_executor
-from tracegraph.graph import write_graph
-from tracegraph.inventory import inventory
-from tracegraph.loader import load
 from tracegraph.options import Bundle, CacheDir, Dask, Jobs, NoCache, RankMap
-from tracegraph.summary import summarize
+
+if TYPE_CHECKING:
+    from tracegraph.trace import Trace
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Find why a distributed training step is slow.")
@@ -48,7 +47,10 @@ def friendly_errors(command: F) -> F:
 
 
 def _load(bundle: Path, cache_dir: Path | None, no_cache: bool, jobs: int | None,
-          rank_map: Path | None, dask: str | None = None):
+          rank_map: Path | None, dask: str | None = None) -> Trace:
+    from tracegraph.distributed import dask_executor
+    from tracegraph.loader import load
+
     mapping = _read_rank_map(rank_map) if rank_map else None
     options = {"cache_dir": cache_dir, "use_cache": not no_cache, "jobs": jobs,
                "rank_map": mapping, "progress": sys.stderr.isatty()}
@@ -87,6 +89,11 @@ def analyze(
         "--inventory-only", help="Only list what the bundle holds; no analysis.")] = False,
 ) -> None:
     """Read every rank's profile, then explain each step's bubbles down to their root causes."""
+    from reports.terminal import print_analysis
+    from tracegraph.analysis import analyze as run_analysis
+    from tracegraph.inventory import inventory
+    from tracegraph.summary import summarize
+
     trace = _load(bundle, cache_dir, no_cache, jobs, rank_map, dask)
     summary = inventory(trace)
     if not inventory_only:
@@ -131,6 +138,9 @@ def graph(
     rank_map: RankMap = None,
 ) -> None:
     """Write the cross-rank dependency DAG (networkx GraphML or node-link JSON)."""
+    from tracegraph.analysis import analyze as run_analysis
+    from tracegraph.graph import write_graph
+
     trace = _load(bundle, cache_dir, no_cache, jobs, rank_map)
     written = write_graph(run_analysis(trace), output)
     out.print(f"wrote {output}: {written.number_of_nodes():,} ops, "
@@ -138,6 +148,8 @@ def graph(
 
 
 def _print_inventory(summary: dict[str, object]) -> None:
+    from rich.table import Table
+
     ranks = Table(title=f"{len(summary['ranks'])} ranks in {summary['source']}")
     for column in ("rank", "framework", "events", "lanes", "comm ops", "steps (ms)"):
         ranks.add_column(column, overflow="fold")

@@ -1,13 +1,22 @@
 """Load a bundle: discover rank profiles, parse them in parallel (or take them from the cache),
-and merge them into one `Trace`."""
+and merge them into one `Trace`.
+
+Each rank's table leaves its worker (and enters the cache) in the in-memory form the final
+DataFrame uses: strings as Arrow `large_string`, so the merge only concatenates chunks and the
+string columns become pandas' Arrow-backed strings without a copy. Local workers hand the table
+back as an Arrow file that this process memory-maps (and that becomes the rank's cache entry by a
+rename) rather than pickled through a pipe; executors such as Dask's still get it pickled."""
 
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, ProcessPoolExecutor
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 
@@ -16,7 +25,6 @@ from parsers.base import GroupInfo, ParsedRank, RankFiles, TraceError
 from parsers.bundle import Bundle, open_bundle
 from tracegraph import cache, schema
 from tracegraph.groups import groups_frame
-from tracegraph.progress import Progress
 from tracegraph.trace import Trace
 
 _WORKER_BUNDLES: dict[str, Bundle] = {}
@@ -41,11 +49,27 @@ def load(
         profiles = [RankFiles(p.format, p.root, p.files, forced.get(p.root, p.rank))
                     for p in bundle.profiles]
         store = (cache_dir or cache.default_cache_dir()) if use_cache else None
-        with Progress("reading ranks", total=len(profiles), enabled=progress) as bar:
+        with _progress_bar(len(profiles), progress) as bar:
             parsed = list(_parse_all(bundle, profiles, store, jobs, bar.advance, executor))
         for profile, rank in parsed:
             rank.rank = forced.get(profile.root, rank.rank)
         return _merge(Path(path), parsed, profiles, list(bundle.warnings))
+
+
+class _Silent:
+    """Stands in for a progress bar when none is shown."""
+
+    def advance(self, steps: int = 1) -> None:
+        """Nothing to show."""
+
+
+def _progress_bar(total: int, enabled: bool) -> AbstractContextManager:
+    """A progress bar on stderr, or a silent stand-in (rich is not even imported)."""
+    if not enabled:
+        return nullcontext(_Silent())
+    from tracegraph.progress import Progress
+
+    return Progress("reading ranks", total=total)
 
 
 def _forced_ranks(profiles: list[RankFiles], rank_map: dict[str, int]) -> dict[str, int]:
@@ -83,25 +107,49 @@ def _parse_all(
         return
     if workers <= 1:
         for profile, key, read in _sources(bundle, todo):
-            yield profile, _finish(profile, parse_rank(profile, read), store, key)
+            yield profile, _finish(profile, _parse(profile, read), store, key)
             advance()
         return
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        yield from _parse_on(pool, bundle, todo, store, advance)
+    with ProcessPoolExecutor(max_workers=workers) as pool, _handoff_dir(store) as handoff:
+        yield from _parse_on(pool, bundle, todo, store, advance, Path(handoff))
+
+
+def _handoff_dir(store: Path | None) -> tempfile.TemporaryDirectory:
+    """Where local workers leave each rank's table for this process to map: inside the cache
+    (the file then becomes the entry's by a rename), else in the system's temporary folder."""
+    if store is not None:
+        store.mkdir(parents=True, exist_ok=True)
+    return tempfile.TemporaryDirectory(prefix=".handoff-", dir=store)
 
 
 def _parse_on(pool: Executor, bundle: Bundle, todo: list[tuple[RankFiles, str]],
-              store: Path | None, advance: Callable[[], None]
+              store: Path | None, advance: Callable[[], None], handoff: Path | None = None
               ) -> Iterator[tuple[RankFiles, ParsedRank]]:
-    """Parse on `pool`: workers open a random-access bundle themselves, else get the bytes."""
+    """Parse on `pool`: workers open a random-access bundle themselves, else get the bytes.
+    With `handoff` (local workers), a worker writes the rank's table there as an Arrow file that
+    this process memory-maps, instead of pickling it through a pipe (four copies)."""
     futures = {}
     for profile, _key, read in _sources(bundle, todo):
-        futures[profile.root] = (
-            pool.submit(_parse_in_worker, str(bundle.path), profile) if bundle.random_access
-            else pool.submit(_parse_bytes, profile, read.contents))
+        job = ((_parse_in_worker, str(bundle.path), profile) if bundle.random_access
+               else (_parse_bytes, profile, read.contents))
+        out = handoff / f"{len(futures)}.arrow" if handoff else None
+        future = pool.submit(_to_file, str(out), *job) if out else pool.submit(*job)
+        futures[profile.root] = (future, out)
     for profile, key in todo:
-        yield profile, _finish(profile, futures[profile.root].result(), store, key)
+        future, out = futures[profile.root]
+        parsed = future.result()
+        if out is not None:
+            parsed.events = cache.read_events(out)
+        yield profile, _finish(profile, parsed, store, key, out)
         advance()
+
+
+def _to_file(out: str, parse: Callable[..., ParsedRank], *args: object) -> ParsedRank:
+    """Worker side of the file hand-off: parse, write the events to `out`, return the rest."""
+    parsed = parse(*args)
+    cache.write_events(parsed.events, Path(out))
+    parsed.events = None  # type: ignore[assignment]  # the caller maps `out`
+    return parsed
 
 
 class _Streamed:
@@ -142,16 +190,24 @@ def _parse_in_worker(bundle_path: str, profile: RankFiles) -> ParsedRank:
     bundle = _WORKER_BUNDLES.get(bundle_path)
     if bundle is None:
         bundle = _WORKER_BUNDLES[bundle_path] = open_bundle(bundle_path)
-    return parse_rank(profile, bundle.read)
+    return _parse(profile, bundle.read)
 
 
 def _parse_bytes(profile: RankFiles, contents: dict[str, bytes]) -> ParsedRank:
-    return parse_rank(profile, _Streamed(contents))
+    return _parse(profile, _Streamed(contents))
 
 
-def _finish(profile: RankFiles, parsed: ParsedRank, store: Path | None, key: str) -> ParsedRank:
+def _parse(profile: RankFiles, read: Callable[[str], bytes]) -> ParsedRank:
+    """Parse one rank and put its table in the in-memory form (`schema.in_memory`)."""
+    parsed = parse_rank(profile, read)
+    parsed.events = schema.in_memory(parsed.events)
+    return parsed
+
+
+def _finish(profile: RankFiles, parsed: ParsedRank, store: Path | None, key: str,
+            events_file: Path | None = None) -> ParsedRank:
     if store is not None:
-        cache.store(store, key, parsed)
+        cache.store(store, key, parsed, events_file)
     return parsed
 
 
@@ -167,22 +223,35 @@ def _merge(source: Path, parsed: list[tuple[RankFiles, ParsedRank]],
         seen[rank.rank] = profile.root
         warnings.extend(f"rank {rank.rank}: {w}" for w in rank.warnings)
     parsed.sort(key=lambda item: item[1].rank)
-    tables = [_rank_column(r.events, r.rank) for _, r in parsed]
-    events = pa.concat_tables(tables) if tables else schema.empty_events()
+    ranks = pd.DataFrame([_rank_row(p, r) for p, r in parsed], columns=schema.RANKS.names)
+    events = _concat_events(parsed)
     groups: list[GroupInfo] = [g for _, r in parsed for g in r.groups]
     group_frame, group_warnings = groups_frame(groups, events)
     warnings.extend(group_warnings)
-    ranks = pd.DataFrame([_rank_row(p, r) for p, r in parsed], columns=schema.RANKS.names)
-    return Trace(source=source, events=events.to_pandas(types_mapper=_arrow_strings),
-                 groups=group_frame,
+    return Trace(source=source, events=_to_pandas(events), groups=group_frame,
                  ranks=ranks.astype({"rank": "int32", "world_size": "int32", "events": "int64",
                                      "clock_base_ns": "int64", "clock_offset_ns": "int64"}),
                  warnings=warnings)
 
 
+def _concat_events(parsed: list[tuple[RankFiles, ParsedRank]]) -> pa.Table:
+    """All ranks' events in one table (chunks, no copy); the per-rank tables are let go, so the
+    conversion to pandas can free each column once copied."""
+    tables = [_rank_column(r.events, r.rank) for _, r in parsed]
+    for _, rank in parsed:
+        rank.events = None  # type: ignore[assignment]  # merged: the Trace holds the rows
+    return pa.concat_tables(tables) if tables else schema.in_memory(schema.empty_events())
+
+
+def _to_pandas(events: pa.Table) -> pd.DataFrame:
+    """The events as a DataFrame: strings stay in their Arrow buffers, one block per column (no
+    consolidation copy), and each integer column's Arrow memory is freed once it is copied."""
+    return events.to_pandas(types_mapper=_arrow_strings, split_blocks=True, self_destruct=True)
+
+
 def _rank_column(events: pa.Table, rank: int) -> pa.Table:
     """The events with `rank` set to the profile's (mapped) rank."""
-    column = pa.array([rank] * events.num_rows, type=pa.int32())
+    column = pa.array(np.full(events.num_rows, rank, dtype=np.int32))
     return events.set_column(events.schema.get_field_index("rank"), "rank", column)
 
 
@@ -205,4 +274,5 @@ def _rank_row(profile: RankFiles, parsed: ParsedRank) -> dict[str, object]:
 
 def _arrow_strings(arrow_type: pa.DataType) -> object:
     """String columns stay Arrow-backed in pandas: a fraction of the memory of Python objects."""
-    return pd.StringDtype("pyarrow") if pa.types.is_string(arrow_type) else None
+    text = pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type)
+    return pd.StringDtype("pyarrow") if text else None

@@ -113,6 +113,18 @@ def empty_events() -> pa.Table:
     return EVENTS.empty_table()
 
 
+IN_MEMORY_EVENTS = pa.schema(
+    [pa.field(f.name, pa.large_string()) if pa.types.is_string(f.type) else f for f in EVENTS])
+"""EVENTS as loaded ranks travel and are cached: strings as `large_string`, the layout of pandas'
+Arrow-backed strings, so the DataFrame takes them without a copy. Same values and dtypes in
+pandas; `export` writes EVENTS."""
+
+
+def in_memory(table: pa.Table) -> pa.Table:
+    """An EVENTS table in the IN_MEMORY_EVENTS layout."""
+    return table if table.schema.equals(IN_MEMORY_EVENTS) else table.cast(IN_MEMORY_EVENTS)
+
+
 def events_table(columns: dict[str, object], rows: int) -> pa.Table:
     """Build an events table from column arrays, filling absent columns with their defaults."""
     arrays = []
@@ -120,7 +132,7 @@ def events_table(columns: dict[str, object], rows: int) -> pa.Table:
         values = columns.get(field.name)
         if values is None:
             default = "" if pa.types.is_string(field.type) else NO_INT
-            values = pa.array([default] * rows, type=field.type) if rows else []
+            values = pa.repeat(pa.scalar(default, field.type), rows)
         arrays.append(pa.array(values, type=field.type) if not isinstance(values, pa.Array)
                       else values.cast(field.type))
     return pa.Table.from_arrays(arrays, schema=EVENTS)
