@@ -14,6 +14,8 @@ import plotly.graph_objects as go
 
 from reports.pipeline import pipeline_figure
 from reports.waterfall import MAX_SEGMENTS, waterfall
+from tracegraph.analysis import PROGRESS_EVENTS
+from tracegraph.progress import Progress
 from tracegraph.summary import summarize
 
 MAX_STEPS = 8  # steps drawn when none is chosen: the slowest ones
@@ -33,7 +35,12 @@ def render(analysis, *, step: int | None = None, top: int = 10, pipeline=None) -
     """The whole report page as a string."""
     steps = shown_steps(analysis, step)
     figures: list[str] = []
-    sections = [_step_section(analysis, s, top, pipeline, figures, len(steps)) for s in steps]
+    sections = []
+    with Progress("report: steps drawn", total=len(steps),
+                  enabled=len(analysis.trace.events) > PROGRESS_EVENTS) as bar:
+        for s in steps:
+            sections.append(_step_section(analysis, s, top, pipeline, figures, len(steps)))
+            bar.advance()
     title = f"tracegraph report: {analysis.trace.source}"
     body = [f"<h1>{escape(title)}</h1>", _overview(analysis, steps, pipeline), *sections,
             _totals(analysis, step)]

@@ -6,7 +6,9 @@ over OVERVIEW_PX) merge, per lane, with their short neighbours into one block, a
 doubles until a figure holds at most its share of MAX_SEGMENTS blocks. Each block costs about
 120 bytes of HTML (binary float32 coordinates plus one hover line), so a page with plotly.js
 (4.8 MB) stays under SIZE_BUDGET_MB: measured 10.9 MB for a synthetic one-million-op trace
-(tests/test_report.py). Everything is drawn with WebGL traces (`Scattergl`), never shapes.
+(tests/test_report.py), 5.0 MB for the full `large` simulated scenario, 4 M ops (bench/README.md,
+"Large report"; tests/test_large_report.py renders a reduced one in chromium). Everything is
+drawn with WebGL traces (`Scattergl`), never shapes.
 """
 
 from __future__ import annotations

@@ -13,11 +13,13 @@ from tracegraph.clock import estimate_offsets
 from tracegraph.critical import PathSegment, critical_path
 from tracegraph.match import Matches, match
 from tracegraph.ops import Ops, build_ops
+from tracegraph.progress import Progress
 from tracegraph.steps import step_markers
 from tracegraph.trace import Trace
 
 SLOW_RANK_FACTOR = 1.15  # compute busier than this × the median of the other ranks = straggler
 SLOW_RANK_SHARE = 0.05  # ... and by at least this share of the profiled time
+PROGRESS_EVENTS = 1_000_000  # analyses of more events than this show a progress bar
 
 
 @dataclass
@@ -54,22 +56,29 @@ class Analysis:
 
 
 def analyze(trace: Trace, *, threshold_ms: float = 1.0) -> Analysis:
-    """Run every stage of the analysis on `trace`."""
-    ops = build_ops(trace.events)
-    matches = match(ops, trace.group_members())
-    offsets = estimate_offsets(ops, matches)
-    shift = ops.frame["rank"].map(offsets).fillna(0).astype("int64").to_numpy()
-    start, end = ops.start - shift, ops.end - shift
-    steps = step_windows(trace.events, offsets)
-    blamer = Blamer(ops, matches, start, end, trace.groups, set())
-    slow = blamer.slow_ranks = slow_ranks(ops, blamer, _profiled_ns(steps, start, end))
-    blamer.slow_op = slow_ops(ops, slow)
-    bubbles = find_bubbles(ops, blamer, steps, int(threshold_ms * 1e6))
-    paths = {int(step): critical_path(blamer, _ops_in(start, end, lo, hi), (lo, hi))
-             for step, lo, hi in _step_spans(steps, start, end)}
+    """Run every stage of the analysis on `trace` (a progress bar on stderr for big traces)."""
+    with Progress("analysis: ops, match, clocks, blame, bubbles, critical path", total=6,
+                  enabled=len(trace.events) > PROGRESS_EVENTS) as bar:
+        ops = build_ops(trace.events)
+        bar.advance()
+        matches = match(ops, trace.group_members())
+        bar.advance()
+        offsets = estimate_offsets(ops, matches)
+        shift = ops.frame["rank"].map(offsets).fillna(0).astype("int64").to_numpy()
+        start, end = ops.start - shift, ops.end - shift
+        steps = step_windows(trace.events, offsets)
+        bar.advance()
+        blamer = Blamer(ops, matches, start, end, trace.groups, set())
+        slow = blamer.slow_ranks = slow_ranks(ops, blamer, _profiled_ns(steps, start, end))
+        blamer.slow_op = slow_ops(ops, slow)
+        bar.advance()
+        bubbles = find_bubbles(ops, blamer, steps, int(threshold_ms * 1e6))
+        bar.advance()
+        paths = {int(step): critical_path(blamer, _ops_in(start, end, lo, hi), (lo, hi))
+                 for step, lo, hi in _step_spans(steps, start, end)}
+        bar.advance()
     return Analysis(trace=trace, ops=ops, matches=matches, offsets=offsets, start=start, end=end,
-                    steps=steps,
-                    bubbles=bubbles, critical_paths=paths, slow_ranks=slow,
+                    steps=steps, bubbles=bubbles, critical_paths=paths, slow_ranks=slow,
                     warnings=list(matches.warnings))
 
 
@@ -97,12 +106,10 @@ def slow_ranks(ops: Ops, blamer: Blamer, profiled_ns: int) -> set[int]:
         working[i] = blamer.released_by(i) < 0  # a released annotation stretch was a wait
     work = pd.Series(blamer.end - blamer.start)[working].groupby(
         blamer.rank[working]).sum().reindex(list(main), fill_value=0)
-    slow = set()
-    for rank, ns in work.items():
-        others = work.drop(rank).median() if len(work) > 1 else ns
-        if ns > SLOW_RANK_FACTOR * others and ns - others > SLOW_RANK_SHARE * profiled_ns:
-            slow.add(int(rank))
-    return slow
+    ns = work.to_numpy()
+    others = median_of_others(ns, np.zeros(len(ns), dtype=np.int64)) if len(ns) > 1 else ns
+    slow = (ns > SLOW_RANK_FACTOR * others) & (ns - others > SLOW_RANK_SHARE * profiled_ns)
+    return {int(r) for r in work.index[slow]}
 
 
 def slow_ops(ops: Ops, slow: set[int]) -> np.ndarray:
@@ -111,22 +118,40 @@ def slow_ops(ops: Ops, slow: set[int]) -> np.ndarray:
     median (an expert MLP on an overloaded EP rank, every kernel of a slow GPU); an op only
     its own rank runs is slow when the whole rank is."""
     frame = ops.frame
-    compute = frame[frame["kind"].isin([schema.COMPUTE, schema.HOST, schema.MARKER])]
-    medians = (compute["end"] - compute["start"]).groupby(
-        [compute["name"], compute["rank"]]).median().rename("median").reset_index()
-    flagged = set()
-    for name, per_rank in medians.groupby("name"):
-        if len(per_rank) < 2:
-            continue
-        values = per_rank.set_index("rank")["median"]
-        for rank, ns in values.items():
-            if ns > SLOW_RANK_FACTOR * values.drop(rank).median():
-                flagged.add((name, int(rank)))
-    shared = set(medians.loc[medians.duplicated("name", keep=False), "name"])
-    names, ranks = frame["name"].to_numpy(), frame["rank"].to_numpy()
-    return np.fromiter(((n, int(r)) in flagged or (n not in shared and int(r) in slow)
-                        for n, r in zip(names, ranks, strict=True)), dtype=bool,
-                       count=len(frame))
+    names, ranks = frame["name"].to_numpy(), frame["rank"].to_numpy().astype(np.int64)
+    codes, uniques = pd.factorize(names, use_na_sentinel=False)
+    compute = frame["kind"].isin([schema.COMPUTE, schema.HOST, schema.MARKER]).to_numpy(
+        ) & ~pd.isna(names)  # groupby leaves out unnamed ops
+    dur = (frame["end"] - frame["start"]).to_numpy()[compute]
+    medians = pd.Series(dur).groupby([codes[compute], ranks[compute]]).median()
+    name_code = medians.index.get_level_values(0).to_numpy()
+    rank = medians.index.get_level_values(1).to_numpy()
+    shared = np.bincount(name_code, minlength=len(uniques)) >= 2
+    others = median_of_others(medians.to_numpy(), name_code)
+    flagged = shared[name_code] & (medians.to_numpy() > SLOW_RANK_FACTOR * others)
+    span = int(ranks.max()) + 1 if len(ranks) else 1
+    hit = np.isin(codes * span + ranks, name_code[flagged] * span + rank[flagged])
+    return hit | (~shared[codes] & np.isin(ranks, list(slow)))
+
+
+def median_of_others(values: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    """Per element: the median of the other elements of its group (NaN when it is alone),
+    in O(n log n) rather than one median per element."""
+    order = np.lexsort((values, groups))
+    v, g = np.asarray(values, dtype=float)[order], groups[order]
+    first = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
+    size = np.diff(np.r_[first, len(g)])
+    base, others = np.repeat(first, size), np.repeat(size, size) - 1
+    k = np.arange(len(g)) - base  # own position in the sorted group
+
+    def nth_other(j: np.ndarray) -> np.ndarray:
+        j = np.maximum(j, 0)
+        return v[np.minimum(base + j + (j >= k), len(v) - 1)]
+
+    median = (nth_other((others - 1) // 2) + nth_other(others // 2)) / 2
+    out = np.empty(len(v))
+    out[order] = np.where(others > 0, median, np.nan)
+    return out
 
 
 def _profiled_ns(steps: pd.DataFrame, start: np.ndarray, end: np.ndarray) -> int:
@@ -142,17 +167,18 @@ def find_bubbles(ops: Ops, blamer: Blamer, steps: pd.DataFrame, threshold_ns: in
     """Every wait, idle gap or waiting comm op longer than the threshold on a main lane."""
     bubbles = []
     lane_ids = ops.frame["lane_id"].to_numpy()
+    steps_of = dict(iter(steps.groupby("rank"))) if len(steps) else {}
     for rank, lane_id in ops.main_lanes().items():
-        idx = np.flatnonzero(lane_ids == lane_id)
-        for step, lo, hi in _rank_steps(steps, rank, blamer, idx):
+        first, last = np.searchsorted(lane_ids, [lane_id, lane_id + 1])  # sorted by lane
+        idx = np.arange(first, last)
+        for step, lo, hi in _rank_steps(steps_of.get(rank), blamer, idx):
             inside = idx[(blamer.end[idx] > lo) & (blamer.start[idx] < hi)]
             bubbles += _lane_bubbles(blamer, inside, int(step), lo, hi, threshold_ns)
     return sorted(bubbles, key=lambda b: -b.dur)
 
 
-def _rank_steps(steps: pd.DataFrame, rank: int, blamer: Blamer, idx: np.ndarray):
-    mine = steps[steps["rank"] == rank]
-    if len(mine):
+def _rank_steps(mine: pd.DataFrame | None, blamer: Blamer, idx: np.ndarray) -> list[tuple]:
+    if mine is not None and len(mine):
         return list(mine[["step", "start", "end"]].itertuples(index=False))
     if not len(idx):
         return []
@@ -161,23 +187,31 @@ def _rank_steps(steps: pd.DataFrame, rank: int, blamer: Blamer, idx: np.ndarray)
 
 def _lane_bubbles(blamer: Blamer, inside: np.ndarray, step: int, lo: int, hi: int,
                   threshold_ns: int) -> list[Bubble]:
+    """The bubbles of one lane's ops `inside` [lo, hi]: idle gaps longer than the threshold
+    (after everything before ended), and long waits, comm ops and released annotations."""
+    if not len(inside):
+        return []
+    a, b = np.maximum(blamer.start[inside], lo), np.minimum(blamer.end[inside], hi)
+    before = np.maximum.accumulate(b)  # the latest end so far
+    idle = np.zeros(len(inside), dtype=bool)
+    idle[1:] = a[1:] - before[:-1] > threshold_ns
+    kind = blamer.kind[inside]
+    waiting = (b - a > threshold_ns) & np.isin(kind, [schema.WAIT, schema.P2P, schema.COLLECTIVE,
+                                                      schema.MARKER])
     found = []
-    start, end, kind = blamer.start, blamer.end, blamer.kind
-    previous_end = None
-    for i in inside:
-        a, b = max(start[i], lo), min(end[i], hi)
-        if previous_end is not None and a - previous_end > threshold_ns:
-            found.append(_bubble(blamer, i, previous_end, a, step, "idle",
-                                 blamer.gap(i, previous_end, a)))
-        previous_end = b if previous_end is None else max(previous_end, b)
-        if b - a <= threshold_ns:
+    for k in np.flatnonzero(idle | waiting):
+        i = inside[k]
+        if idle[k]:
+            found.append(_bubble(blamer, i, before[k - 1], a[k], step, "idle",
+                                 blamer.gap(i, before[k - 1], a[k])))
+        if not waiting[k]:
             continue
-        if kind[i] in (schema.WAIT, schema.P2P, schema.COLLECTIVE):
-            found.append(_bubble(blamer, i, a, b, step, str(blamer.name[i]),
-                                 blamer.blocked(i, a, b)))
-        elif kind[i] == schema.MARKER and blamer.released_by(i) >= 0:
-            found.append(_bubble(blamer, i, a, b, step, str(blamer.name[i]),
-                                 blamer.blocked_thread(i, a, b)))
+        if kind[k] != schema.MARKER:
+            found.append(_bubble(blamer, i, a[k], b[k], step, str(blamer.name[i]),
+                                 blamer.blocked(i, a[k], b[k])))
+        elif blamer.released_by(i) >= 0:
+            found.append(_bubble(blamer, i, a[k], b[k], step, str(blamer.name[i]),
+                                 blamer.blocked_thread(i, a[k], b[k])))
     return found
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from tracegraph import schema
 from tracegraph.steps import is_step_marker
@@ -22,6 +23,8 @@ COMM_KINDS = (schema.COLLECTIVE, schema.P2P)
 BLOCKING_KINDS = (schema.WAIT, schema.COLLECTIVE, schema.P2P)
 COLUMNS = ["event", "rank", "lane", "kind", "comm", "name", "group", "peer", "seq", "start",
            "end", "stream", "correlation", "event_id", "wait_on_stream", "step", "annotation"]
+_SOURCE_COLUMNS = {*COLUMNS, "start_ns", "dur_ns", "lane_kind"}
+STRING_COLUMNS = ("lane", "kind", "comm", "name", "group", "annotation")
 
 
 @dataclass
@@ -59,59 +62,114 @@ class Ops:
 
 def build_ops(events: pd.DataFrame) -> Ops:
     """Select and order the timeline operations of every rank."""
-    parts = []
-    for rank, rank_events in events.groupby("rank", sort=True):
-        parts.append(_rank_ops(int(rank), rank_events))
+    events = events[[c for c in events.columns if c in _SOURCE_COLUMNS]]
+    dtypes = events.dtypes
+    on_stream, comm = _mask(_on_stream(events)), _mask(_comm_rows(events))
+    rank = events["rank"].to_numpy()
+    streamed = np.isin(rank, np.unique(rank[on_stream]))  # ranks seen through device streams
+    calls = _host_calls(events)
+    events = events.assign(**{c: shared_strings(events[c]) for c in STRING_COLUMNS})
+    parts = [_stream_ops(events[streamed & on_stream], events[streamed & comm])]
+    parts += [_host_ops(rank_events) for _, rank_events in events[~streamed].groupby("rank")]
+    parts = [p for p in parts if len(p)]
     frame = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=COLUMNS)
     frame = frame[frame["end"] >= frame["start"]]
     lanes = _lane_table(frame)
-    lane_ids = {(r, lane): i for i, (r, lane) in enumerate(zip(lanes["rank"], lanes["lane"],
-                                                                strict=True))}
-    frame = frame.assign(lane_id=[lane_ids[k] for k in zip(frame["rank"], frame["lane"],
-                                                           strict=True)])
+    frame = frame.assign(lane_id=_lane_ids(frame, lanes))
     frame = frame.sort_values(["lane_id", "start", "end"], kind="stable", ignore_index=True)
-    return Ops(frame=frame.assign(launch=_launch_times(frame, events)), lanes=lanes)
+    frame = frame.assign(launch=_launch_times(frame, calls), **{
+        c: restore_strings(frame[c], dtypes[c]) for c in STRING_COLUMNS})
+    return Ops(frame=frame, lanes=lanes)
 
 
-def _launch_times(frame: pd.DataFrame, events: pd.DataFrame) -> np.ndarray:
+def shared_strings(column: pd.Series) -> pd.Series:
+    """`column` as object dtype holding one `str` per distinct value (None for missing):
+    taking, sorting and iterating it is many times faster than Arrow strings."""
+    if column.dtype == object:
+        return column
+    codes, uniques = pd.factorize(column)
+    values = np.append(np.asarray(uniques, dtype=object), None)[codes]
+    return pd.Series(values, index=column.index, dtype=object, name=column.name)
+
+
+def restore_strings(column: pd.Series, dtype: object) -> pd.Series:
+    """Shared object strings back to `dtype` (the trace's, often Arrow-backed: fast to compare,
+    slow to take), converting each distinct value once."""
+    if pd.api.types.is_object_dtype(dtype):
+        return column
+    codes, uniques = pd.factorize(column)
+    values = pa.array(np.asarray(uniques, dtype=object), pa.large_string())
+    decoded = pa.DictionaryArray.from_arrays(pa.array(codes, mask=codes < 0), values)
+    return pd.Series(pd.array(decoded.cast(pa.large_string()), dtype=dtype), index=column.index,
+                     name=column.name)
+
+
+def startswith(column: pd.Series, prefix: str) -> np.ndarray:
+    """Mask of the values of `column` that start with `prefix`, testing each distinct value once."""
+    codes, uniques = pd.factorize(column)
+    hits = np.array([str(u).startswith(prefix) for u in uniques] + [False], dtype=bool)
+    return hits[codes]
+
+
+def _mask(condition: pd.Series) -> np.ndarray:
+    return condition.to_numpy(dtype=bool, na_value=False)
+
+
+def _on_stream(events: pd.DataFrame) -> pd.Series:
+    return (events["lane_kind"] == schema.STREAM) & events["kind"].isin(DEVICE_KINDS)
+
+
+def _comm_rows(events: pd.DataFrame) -> pd.Series:
+    return (events["lane_kind"] == schema.COMM) & events["kind"].isin(COMM_KINDS)
+
+
+def _stream_ops(device_events: pd.DataFrame, comm_events: pd.DataFrame) -> pd.DataFrame:
+    """Ranks with device streams: their device ops, comm ops placed on the stream they name
+    (replacing the stream's copy of the same op, matched by correlation)."""
+    comm = _frame(comm_events)
+    placed = comm["stream"] >= 0
+    comm.loc[placed, "lane"] = "stream " + comm.loc[placed, "stream"].astype(str)
+    device = _frame(device_events)
+    keys = pd.MultiIndex.from_arrays([comm.loc[placed, "rank"], comm.loc[placed, "correlation"]])
+    copied = pd.MultiIndex.from_arrays([device["rank"], device["correlation"]]).isin(keys)
+    device = device[~(device["kind"].isin(COMM_KINDS).to_numpy() & copied
+                      & (device["correlation"] >= 0).to_numpy())]
+    return pd.concat([device, comm], ignore_index=True).assign(mode=schema.STREAM)
+
+
+def _host_ops(events: pd.DataFrame) -> pd.DataFrame:
+    """A rank without device streams: its host threads flattened, plus its comm ops."""
+    comm = _frame(events[_mask(_comm_rows(events))]).assign(mode=schema.COMM)
+    threads = events[_mask(events["lane_kind"] == schema.THREAD) & ~is_step_marker(events)]
+    if not len(threads):
+        return comm
+    flat = pd.concat([_flatten(lane) for _, lane in threads.groupby("lane")], ignore_index=True)
+    return pd.concat([flat.assign(mode=schema.THREAD), comm], ignore_index=True)
+
+
+def _host_calls(events: pd.DataFrame) -> pd.DataFrame:
+    """rank, correlation, start_ns of the host calls that carry a correlation id."""
+    calls = _mask((events["lane_kind"] == schema.THREAD) & (events["kind"] == schema.HOST)
+                  & (events["correlation"] >= 0))
+    return events.loc[calls, ["rank", "correlation", "start_ns"]]
+
+
+def _launch_times(frame: pd.DataFrame, calls: pd.DataFrame) -> np.ndarray:
     """When the host enqueued each device op: the earliest host call sharing its correlation
     (Kineto launch calls, Ascend CANN calls with the task's connection_id); -1 if unknown."""
-    host = events[(events["lane_kind"] == schema.THREAD) & (events["kind"] == schema.HOST)
-                  & (events["correlation"] >= 0)]
-    first = host.groupby(["rank", "correlation"])["start_ns"].min().rename("launch")
-    on_device = frame["lane"].str.startswith("stream ") & (frame["correlation"] >= 0)
+    first = calls.groupby(["rank", "correlation"])["start_ns"].min().rename("launch")
+    on_device = startswith(frame["lane"], "stream ") & (frame["correlation"] >= 0).to_numpy()
     keys = pd.MultiIndex.from_arrays([frame["rank"], frame["correlation"]])
     launch = first.reindex(keys).to_numpy()
-    return np.where(on_device.to_numpy() & ~np.isnan(launch), np.nan_to_num(launch), -1
-                    ).astype(np.int64)
-
-
-def _rank_ops(rank: int, events: pd.DataFrame) -> pd.DataFrame:
-    on_stream = (events["lane_kind"] == schema.STREAM) & events["kind"].isin(DEVICE_KINDS)
-    comm_rows = (events["lane_kind"] == schema.COMM) & events["kind"].isin(COMM_KINDS)
-    if on_stream.any():
-        comm = _frame(events[comm_rows])
-        placed = comm["stream"] >= 0
-        comm.loc[placed, "lane"] = "stream " + comm.loc[placed, "stream"].astype(str)
-        device = _frame(events[on_stream])
-        device = device[~(device["kind"].isin(COMM_KINDS)
-                          & device["correlation"].isin(comm.loc[placed, "correlation"])
-                          & (device["correlation"] >= 0))]
-        return pd.concat([device, comm], ignore_index=True).assign(mode=schema.STREAM)
-    threads = events[(events["lane_kind"] == schema.THREAD) & ~is_step_marker(events)]
-    if len(threads):
-        flat = pd.concat([_flatten(lane) for _, lane in threads.groupby("lane")],
-                         ignore_index=True)
-        return pd.concat([flat.assign(mode=schema.THREAD),
-                          _frame(events[comm_rows]).assign(mode=schema.COMM)], ignore_index=True)
-    return _frame(events[comm_rows]).assign(mode=schema.COMM)
+    return np.where(on_device & ~np.isnan(launch), np.nan_to_num(launch), -1).astype(np.int64)
 
 
 def _frame(events: pd.DataFrame) -> pd.DataFrame:
     """Events in the ops layout (`event` = row label in the trace's events table)."""
     frame = events.rename(columns={"start_ns": "start"})
     frame = frame.assign(event=events.index.to_numpy(), end=events["start_ns"] + events["dur_ns"])
-    return frame[COLUMNS].reset_index(drop=True)
+    frame = frame[COLUMNS].reset_index(drop=True)
+    return frame.assign(**{c: shared_strings(frame[c]) for c in STRING_COLUMNS})
 
 
 def _flatten(lane_events: pd.DataFrame) -> pd.DataFrame:
@@ -145,11 +203,10 @@ def _flatten(lane_events: pd.DataFrame) -> pd.DataFrame:
 
 def _lane_table(frame: pd.DataFrame) -> pd.DataFrame:
     """One row per (rank, lane) with its mode and whether it is the rank's main compute lane."""
-    busy = frame.assign(dur=frame["end"] - frame["start"],
-                        computing=frame["kind"].isin([schema.COMPUTE, schema.HOST, schema.MARKER]))
-    per_lane = busy.groupby(["rank", "lane", "mode"], sort=True).apply(
-        lambda g: int(g.loc[g["computing"], "dur"].sum()), include_groups=False)
-    lanes = per_lane.rename("compute_ns").reset_index()
+    computing = frame["kind"].isin([schema.COMPUTE, schema.HOST, schema.MARKER])
+    busy = (frame["end"] - frame["start"]).where(computing, 0).astype("int64")
+    lanes = busy.groupby([frame["rank"], frame["lane"], frame["mode"]], sort=True).sum()
+    lanes = lanes.rename("compute_ns").reset_index()
     lanes["main"] = False
     eligible = lanes[lanes["mode"] != schema.COMM]
     if len(eligible):
@@ -157,3 +214,11 @@ def _lane_table(frame: pd.DataFrame) -> pd.DataFrame:
         lanes.loc[best.index, "main"] = lanes.loc[best.index, "compute_ns"] > 0
     lanes.insert(0, "lane_id", np.arange(len(lanes)))
     return lanes
+
+
+def _lane_ids(frame: pd.DataFrame, lanes: pd.DataFrame) -> np.ndarray:
+    """Each op's lane_id: the last row of `lanes` with its (rank, lane)."""
+    keys = lanes.drop_duplicates(["rank", "lane"], keep="last")
+    index = pd.MultiIndex.from_arrays([keys["rank"], keys["lane"]])
+    found = index.get_indexer(pd.MultiIndex.from_arrays([frame["rank"], frame["lane"]]))
+    return keys["lane_id"].to_numpy()[found]

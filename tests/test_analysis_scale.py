@@ -1,0 +1,40 @@
+"""The vectorized pieces of the analysis agree with the plain per-element definitions."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+import tracegraph
+from tests.conftest import SAMPLES
+from tracegraph.analysis import median_of_others
+from tracegraph.ops import STRING_COLUMNS, build_ops, restore_strings, shared_strings
+
+
+def test_median_of_others_matches_dropping_each_element() -> None:
+    rng = np.random.default_rng(7)
+    groups = np.repeat(np.arange(40), rng.integers(1, 7, 40))
+    values = rng.integers(0, 5, len(groups)) * 1_000  # many ties
+    got = median_of_others(values, groups)
+    frame = pd.DataFrame({"g": groups, "v": values})
+    for i, (g, _) in enumerate(zip(groups, values, strict=True)):
+        others = frame[(frame["g"] == g) & (frame.index != i)]["v"]
+        expected = others.median() if len(others) else np.nan
+        assert (np.isnan(expected) and np.isnan(got[i])) or got[i] == expected
+
+
+def test_ops_keep_the_traces_string_dtype() -> None:
+    trace = tracegraph.load(SAMPLES / "simulated" / "pp-compute-straggler-ascend.tar.gz",
+                            use_cache=False)
+    frame = build_ops(trace.events).frame
+    for column in STRING_COLUMNS:
+        assert frame[column].dtype == trace.events[column].dtype
+
+
+def test_shared_strings_round_trip_with_missing_values() -> None:
+    column = pd.Series(["a", None, "b", "a"], dtype="string[pyarrow]")
+    shared = shared_strings(column)
+    assert shared.dtype == object and shared[0] is shared[3] and shared[1] is None
+    back = restore_strings(shared, column.dtype)
+    assert back.dtype == column.dtype and back.isna().tolist() == [False, True, False, False]
+    assert back.dropna().tolist() == ["a", "b", "a"]
