@@ -1,9 +1,12 @@
 """Parsed ranks stored in a cache directory outside the user's input.
 
-Each entry is a folder holding the rank's events as an LZ4-compressed Arrow IPC file, already in
-the in-memory layout `schema.IN_MEMORY_EVENTS`, and a small `meta.json`. LZ4 makes an entry ~8x
-smaller than the table (about 30 bytes per event, ~0.1x the Kineto JSON it came from) for
-~15 ms of CPU per million events each way; nothing else is decoded on a warm load.
+Each entry is a folder holding the rank's events as an uncompressed Arrow IPC file, already in
+the in-memory layout `schema.IN_MEMORY_EVENTS`, and a small `meta.json`. A warm load memory-maps
+the file: nothing is decoded or decompressed, the string columns of the DataFrame are the file's
+pages (page cache, shared, reclaimable) and only the integer columns are copied when the ranks
+are concatenated. The price is disk: an entry is as large as the rank's table in memory (about
+250 bytes per event, ~0.8x the Kineto JSON it came from); zstd would make it ~20x smaller but
+costs more CPU to read than the whole rest of a warm load.
 """
 
 from __future__ import annotations
@@ -54,7 +57,8 @@ def load_cached(cache_dir: Path, key: str) -> ParsedRank | None:
 
 
 def read_events(path: Path) -> pa.Table:
-    """The table of an entry (read through a memory map; entries are never rewritten in place)."""
+    """The table of an entry, its buffers pointing into the memory-mapped file (the map lives
+    as long as they do; entries are never rewritten in place)."""
     with pa.memory_map(str(path)) as source:
         return schema.in_memory(pa.ipc.open_file(source).read_all())
 
@@ -92,9 +96,7 @@ def _moved(source: Path, target: Path) -> bool:
 
 
 def write_events(table: pa.Table, path: Path) -> None:
-    """Write an events table as an entry's (LZ4-compressed Arrow IPC file, in-memory layout)."""
+    """Write an events table as an entry's (uncompressed Arrow IPC file, in-memory layout)."""
     table = schema.in_memory(table)
-    options = pa.ipc.IpcWriteOptions(compression="lz4")
-    with (pa.OSFile(str(path), "wb") as sink,
-          pa.ipc.new_file(sink, table.schema, options=options) as writer):
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
         writer.write_table(table)
