@@ -371,13 +371,18 @@ class Blamer:
             return -1
         last = np.searchsorted(ends, hi + 20_000, side="right")
         first = np.searchsorted(ends, hi - window, side="left")
+        lane_busy_ns: dict[int, int] = {}
         for pos in range(last - 1, first - 1, -1):
-            op = idx[pos]
+            op, lane = idx[pos], lanes[pos]
+            if lane == lane_id or self.end[op] <= lo:
+                continue
             if lane_busy:
-                busy = self._busy(lanes[pos], lo, hi)
+                if lane not in lane_busy_ns:
+                    lane_busy_ns[lane] = self._busy(lane, lo, hi)
+                busy = lane_busy_ns[lane]
             else:
                 busy = min(hi, self.end[op]) - max(lo, self.start[op])
-            if lanes[pos] != lane_id and self.end[op] > lo and busy >= 0.5 * (hi - lo):
+            if busy >= 0.5 * (hi - lo):
                 return int(op)
         return -1
 
