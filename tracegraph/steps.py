@@ -22,7 +22,7 @@ def is_step_marker(events: pd.DataFrame) -> pd.Series:
 
 def step_markers(events: pd.DataFrame) -> pd.DataFrame:
     """rank, step (N), start_ns, dur_ns of every `ProfilerStep#N` marker."""
-    markers = events[is_step_marker(events)]
+    markers = events.loc[is_step_marker(events).to_numpy(), ["rank", "name", "start_ns", "dur_ns"]]
     return pd.DataFrame({
         "rank": markers["rank"].astype("int64"),
         "step": markers["name"].str.extract(STEP_NAME, expand=False).astype("int64"),
