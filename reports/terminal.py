@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import groupby
+
 from rich.console import Console
 from rich.table import Table
 
@@ -40,7 +42,7 @@ def chain_text(bubble: dict[str, object]) -> str:
         f"[{bubble['category']}]",
         "  chain: " + " ← ".join(f"rank {r}" for r in bubble["chain"]),
     ]
-    for piece in bubble["intervals"]:
+    for piece in merged_intervals(bubble["intervals"]):
         note = f"  ({piece['note']})" if piece["note"] else ""
         lines.append(
             f"    {piece['start_ms']:.3f}–{piece['end_ms']:.3f} {piece['dur_ms']:9.3f} ms  "
@@ -52,3 +54,24 @@ def chain_text(bubble: dict[str, object]) -> str:
         lines.append(f"  to find the straggler, profile ranks {ranks[:16]}"
                      + (f" … ({len(ranks)} in all)" if len(ranks) > 16 else ""))
     return "\n".join(lines)
+
+
+def merged_intervals(intervals: list[dict]) -> list[dict]:
+    """Consecutive intervals on the same rank and lane as one line: its time by category in the
+    note, the longest op's name (+ how many more); the JSON keeps every interval."""
+    merged = []
+    for _, run in groupby(intervals, key=lambda p: (p["rank"], p["lane"])):
+        run = list(run)
+        by_category: dict[str, float] = {}
+        for piece in run:
+            by_category[piece["category"]] = by_category.get(piece["category"], 0) + piece["dur_ms"]
+        longest = max(run, key=lambda p: p["dur_ms"])
+        notes = [longest["note"]] if longest["note"] else []
+        if len(by_category) > 1:
+            notes.append(" + ".join(f"{c} {ms:.3f} ms" for c, ms in by_category.items()))
+        more = f" +{len(run) - 1} ops" if len(run) > 1 else ""
+        merged.append({**longest, "start_ms": run[0]["start_ms"], "end_ms": run[-1]["end_ms"],
+                       "dur_ms": sum(by_category.values()), "name": longest["name"][:60] + more,
+                       "category": max(by_category, key=by_category.get),
+                       "note": "; ".join(dict.fromkeys(notes))})
+    return merged
