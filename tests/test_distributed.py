@@ -5,11 +5,15 @@ from __future__ import annotations
 import tarfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import tracegraph
+from tests.conftest import SAMPLES
 from tracegraph.analysis import analyze
 from tracegraph.distributed import dask_executor
+from tracegraph.match import match
+from tracegraph.ops import build_ops
 
 
 @pytest.fixture(scope="module")
@@ -37,3 +41,22 @@ def test_dask_parses_streamed_archives(real: Path, tmp_path: Path, executor) -> 
     assert remote.rank_ids == [0, 1]
     assert len(remote.events) == len(local.events)
     assert remote.events["start_ns"].sum() == local.events["start_ns"].sum()
+
+
+def test_dask_matching_matches_local(real: Path, tmp_path: Path, executor) -> None:
+    """Launches and stream waits matched on the cluster, rank chunks folded back: same result."""
+    seen = set()
+    for bundle in (real / "ascend/torch_npu_ddp8_level1", real / "kineto/gloo_pp2_dp2",
+                   SAMPLES / "simulated/ep-a2a-overlap-kineto.tar.gz"):
+        trace = tracegraph.load(bundle, cache_dir=tmp_path)
+        ops = build_ops(trace.events)
+        local = match(ops, trace.group_members())
+        remote = match(ops, trace.group_members(), executor)
+        assert (remote.dep >= 0).sum() > 0
+        assert np.array_equal(remote.dep, local.dep) and np.array_equal(remote.how, local.how)
+        assert np.array_equal(remote.launcher, local.launcher)
+        assert remote.gates == local.gates and remote.queued == local.queued
+        seen |= set(local.how[local.dep >= 0]) | {name for name, present in (
+            ("launch", (local.launcher >= 0).any()), ("gates", local.gates),
+            ("queued", local.queued)) if present}
+    assert {"timing", "event_id", "launch", "gates", "queued"} <= seen  # every kind was folded

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -55,13 +56,15 @@ class Analysis:
         return dict(sorted(totals.items(), key=lambda item: -item[1]))
 
 
-def analyze(trace: Trace, *, threshold_ms: float = 1.0) -> Analysis:
-    """Run every stage of the analysis on `trace` (a progress bar on stderr for big traces)."""
+def analyze(trace: Trace, *, threshold_ms: float = 1.0, executor: Executor | None = None
+            ) -> Analysis:
+    """Run every stage of the analysis on `trace` (a progress bar on stderr for big traces);
+    the per-rank matching runs on `executor` when one is given (e.g. a Dask cluster's)."""
     with Progress("analysis: ops, match, clocks, blame, bubbles, critical path", total=6,
                   enabled=len(trace.events) > PROGRESS_EVENTS) as bar:
         ops = build_ops(trace.events)
         bar.advance()
-        matches = match(ops, trace.group_members())
+        matches = match(ops, trace.group_members(), executor)
         bar.advance()
         offsets = estimate_offsets(ops, matches)
         shift = ops.frame["rank"].map(offsets).fillna(0).astype("int64").to_numpy()

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable
+from concurrent.futures import Executor
+from contextlib import AbstractContextManager, nullcontext
 from functools import wraps
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, TypeVar
@@ -46,19 +48,30 @@ def friendly_errors(command: F) -> F:
     return run  # type: ignore[return-value]
 
 
-def _load(bundle: Path, cache_dir: Path | None, no_cache: bool, jobs: int | None,
-          rank_map: Path | None, dask: str | None = None) -> Trace:
+def _cluster(dask: str | None, jobs: int | None) -> AbstractContextManager[Executor | None]:
+    """The Dask cluster's executor for `--dask`, else None."""
+    if not dask:
+        return nullcontext(None)
     from tracegraph.distributed import dask_executor
+
+    return dask_executor(dask, jobs)
+
+
+def _load(bundle: Path, cache_dir: Path | None, no_cache: bool, jobs: int | None,
+          rank_map: Path | None, dask: str | None = None, executor: Executor | None = None
+          ) -> Trace:
+    """Load for a command: ranks parse on `executor`, else on a `--dask` cluster held for the
+    load, else locally; the trace's warnings go to stderr."""
     from tracegraph.loader import load
 
     mapping = _read_rank_map(rank_map) if rank_map else None
     options = {"cache_dir": cache_dir, "use_cache": not no_cache, "jobs": jobs,
                "rank_map": mapping, "progress": sys.stderr.isatty()}
-    if dask:
-        with dask_executor(dask, jobs) as executor:
-            trace = load(bundle, executor=executor, **options)
+    if executor is not None:
+        trace = load(bundle, executor=executor, **options)
     else:
-        trace = load(bundle, **options)
+        with _cluster(dask, jobs) as cluster:
+            trace = load(bundle, executor=cluster, **options)
     for warning in trace.warnings:
         err.print(f"[yellow]warning:[/yellow] {warning}", highlight=False, soft_wrap=True)
     return trace
@@ -94,10 +107,12 @@ def analyze(
     from tracegraph.inventory import inventory
     from tracegraph.summary import summarize
 
-    trace = _load(bundle, cache_dir, no_cache, jobs, rank_map, dask)
+    with _cluster(dask, jobs) as executor:
+        trace = _load(bundle, cache_dir, no_cache, jobs, rank_map, executor=executor)
+        analysis = None if inventory_only else run_analysis(
+            trace, threshold_ms=threshold_ms, executor=executor)
     summary = inventory(trace)
-    if not inventory_only:
-        analysis = run_analysis(trace, threshold_ms=threshold_ms)
+    if analysis is not None:
         summary |= summarize(analysis, step=step, top=top)
         summary["warnings"] = trace.warnings + analysis.warnings
     if as_json:

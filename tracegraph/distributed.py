@@ -1,4 +1,4 @@
-"""Past one machine: run the per-rank parsing on a Dask cluster.
+"""Past one machine: run the per-rank parsing and matching on a Dask cluster.
 
 `dask_executor("local")` starts a `distributed.LocalCluster` (one single-threaded worker process
 per CPU); any other value is the address of a running scheduler (`tcp://host:8786`). Workers must

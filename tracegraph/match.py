@@ -11,6 +11,8 @@ whose progress it waited for, with how it was matched (`how`) and how sure the m
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -21,6 +23,7 @@ from tracegraph.ops import Ops
 
 RECORD_WINDOW_NS = 5_000  # a blocking wait ends at most this long after the record it waited on
 BLOCKING_WAIT_NS = 1_000  # shorter waits were already satisfied: no dependency to draw
+REMOTE_TASKS = 16  # chunks of ranks matched on an executor
 ORDER_OVERLAP_SLACK_NS = 100_000  # members of an order-matched instance must overlap so nearly
 
 
@@ -41,16 +44,59 @@ class Matches:
     warnings: list[str] = field(default_factory=list)
 
 
-def match(ops: Ops, group_members: dict[str, tuple[int, ...]]) -> Matches:
-    """All cross dependencies of `ops`."""
-    n = len(ops)
-    result = Matches(dep=np.full(n, -1, dtype=np.int64), how=np.full(n, "", dtype=object),
-                     instances=pd.DataFrame())
-    result.launcher = _match_launches(ops)
-    _match_waits(ops, result)
+def match(ops: Ops, group_members: dict[str, tuple[int, ...]],
+          executor: Executor | None = None) -> Matches:
+    """All cross dependencies of `ops`. With `executor` (e.g. a Dask cluster's), the per-rank
+    matching (launches, stream waits) runs there on chunks of ranks; pairs and groups here."""
+    result = _empty(len(ops))
+    for index, part in _per_rank_parts(ops, executor):
+        _fold(result, part, index)
     _match_p2p(ops, result)
     result.instances = _match_collectives(ops, group_members, result)
     return result
+
+
+def _empty(n: int) -> Matches:
+    return Matches(dep=np.full(n, -1, dtype=np.int64), how=np.full(n, "", dtype=object),
+                   instances=pd.DataFrame(), launcher=np.full(n, -1, dtype=np.int64))
+
+
+def _per_rank_parts(ops: Ops, executor: Executor | None
+                    ) -> Iterator[tuple[np.ndarray, Matches]]:
+    """(global op index, matches numbered by position in it) of each chunk of ranks."""
+    if executor is None:
+        yield np.arange(len(ops)), match_within_ranks(ops)
+        return
+    rank = ops.frame["rank"].to_numpy()
+    chunks = np.array_split(np.unique(rank), min(REMOTE_TASKS, len(np.unique(rank)) or 1))
+    jobs = []
+    for ranks in chunks:
+        index = np.flatnonzero(np.isin(rank, ranks))
+        part = Ops(frame=ops.frame.iloc[index].reset_index(drop=True), lanes=ops.lanes)
+        jobs.append((index, executor.submit(match_within_ranks, part)))
+    for index, job in jobs:
+        yield index, job.result()
+
+
+def match_within_ranks(ops: Ops) -> Matches:
+    """The dependencies that never cross ranks: host launches of comm ops, stream waits."""
+    result = _empty(len(ops))
+    result.launcher = _match_launches(ops)
+    _match_waits(ops, result)
+    return result
+
+
+def _fold(result: Matches, part: Matches, index: np.ndarray) -> None:
+    """Fold `part`, whose ops are numbered by position in `index`, into `result`."""
+    for name in ("dep", "launcher"):
+        local = getattr(part, name)
+        found = local >= 0
+        getattr(result, name)[index[found]] = index[local[found]]
+    result.how[index[part.dep >= 0]] = part.how[part.dep >= 0]
+    result.gates |= {int(index[op]): [int(index[w]) for w in waits]
+                     for op, waits in part.gates.items()}
+    result.queued |= {int(index[w]): int(index[op]) for w, op in part.queued.items()}
+    result.warnings += part.warnings
 
 
 # --- launches --------------------------------------------------------------------------------
