@@ -68,6 +68,8 @@ def build_ops(events: pd.DataFrame) -> Ops:
     rank = events["rank"].to_numpy()
     streamed = np.isin(rank, np.unique(rank[on_stream]))  # ranks seen through device streams
     calls = _host_calls(events)
+    used = (streamed & (on_stream | comm)) | ~streamed  # host-side rows of device ranks: no ops
+    events, on_stream, comm, streamed = events[used], on_stream[used], comm[used], streamed[used]
     events = events.assign(**{c: shared_strings(events[c]) for c in STRING_COLUMNS})
     parts = [_stream_ops(events[streamed & on_stream], events[streamed & comm])]
     parts += [_host_ops(rank_events) for _, rank_events in events[~streamed].groupby("rank")]
