@@ -13,7 +13,6 @@ import os
 import tempfile
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, ProcessPoolExecutor
-from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +24,7 @@ from parsers.base import GroupInfo, ParsedRank, RankFiles, TraceError
 from parsers.bundle import Bundle, open_bundle
 from tracegraph import cache, schema
 from tracegraph.groups import groups_frame
+from tracegraph.progress import Progress
 from tracegraph.trace import Trace
 
 _WORKER_BUNDLES: dict[str, Bundle] = {}
@@ -49,27 +49,11 @@ def load(
         profiles = [RankFiles(p.format, p.root, p.files, forced.get(p.root, p.rank))
                     for p in bundle.profiles]
         store = (cache_dir or cache.default_cache_dir()) if use_cache else None
-        with _progress_bar(len(profiles), progress) as bar:
+        with Progress("reading ranks", total=len(profiles), enabled=progress) as bar:
             parsed = list(_parse_all(bundle, profiles, store, jobs, bar.advance, executor))
         for profile, rank in parsed:
             rank.rank = forced.get(profile.root, rank.rank)
         return _merge(Path(path), parsed, profiles, list(bundle.warnings))
-
-
-class _Silent:
-    """Stands in for a progress bar when none is shown."""
-
-    def advance(self, steps: int = 1) -> None:
-        """Nothing to show."""
-
-
-def _progress_bar(total: int, enabled: bool) -> AbstractContextManager:
-    """A progress bar on stderr, or a silent stand-in (rich is not even imported)."""
-    if not enabled:
-        return nullcontext(_Silent())
-    from tracegraph.progress import Progress
-
-    return Progress("reading ranks", total=total)
 
 
 def _forced_ranks(profiles: list[RankFiles], rank_map: dict[str, int]) -> dict[str, int]:
