@@ -645,13 +645,13 @@ def _context(r: _Rank) -> tuple[np.ndarray, pa.Array]:
     on the row's own thread, or on any thread for threads without annotations; an annotation
     is its own); device rows and gloo worker ops take their launching / issuing host op's."""
     steps = r.rows((ANNOTATION,), "ProfilerStep#")
-    marks = r.name_arr.take(pa.array(steps)).to_pylist()
-    steps = steps[[bool(_STEP.match(name)) for name in marks]]
+    marks = [_STEP.match(name) for name in r.name_arr.take(pa.array(steps)).to_pylist()]
+    steps = steps[[m is not None for m in marks]]
     users = r.rows((ANNOTATION,))
     users = users[~(r.prefixed("ProfilerStep#") | r.prefixed("gloo:")
                     | r.prefixed("nccl:"))[users]]
     step_no = np.full(r.n + 1, NO_INT, dtype=np.int32)
-    step_no[steps] = [int(_STEP.match(name)[1]) for name in marks if _STEP.match(name)]
+    step_no[steps] = [int(m[1]) for m in marks if m]
     step = step_no[_cover(steps, r.start[steps], r.end[steps], r.start)]
     label = np.full(r.n, -1, dtype=np.int64)
     host = np.flatnonzero(~r.device)
