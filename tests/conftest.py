@@ -1,10 +1,15 @@
-"""Shared test fixtures: where the real profiles lie (../shared beside the clone)."""
+"""Shared test fixtures: where the real profiles lie (../shared beside the clone), a browser."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from playwright.sync_api import BrowserContext
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
@@ -23,3 +28,19 @@ def real() -> Path:
 def cache_dir(tmp_path: Path) -> Path:
     """A private parse cache for one test."""
     return tmp_path / "cache"
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrowserContext]:
+    """Debian's chromium, headless and offline, for one test module."""
+    from playwright.sync_api import sync_playwright
+
+    from tests.browser import CHROMIUM, FLAGS
+
+    assert Path(CHROMIUM).exists(), f"{CHROMIUM} missing: CI must install Debian's chromium"
+    with sync_playwright() as driver:
+        context = driver.chromium.launch_persistent_context(
+            tmp_path_factory.mktemp("profile"), executable_path=CHROMIUM, headless=True,
+            args=FLAGS, viewport={"width": 1400, "height": 900}, offline=True)
+        yield context
+        context.close()

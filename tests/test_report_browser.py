@@ -1,60 +1,25 @@
-"""The report as a person opens it: Debian's chromium, headless, driven through playwright.
-
-Needs `playwright` (Python package only: no browser download) and /usr/bin/chromium.
-"""
+"""The report as a person opens it: Debian's chromium, headless (tests/browser.py)."""
 
 from __future__ import annotations
 
-import io
-from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
 import pytest
-from PIL import Image
-from playwright.sync_api import BrowserContext, Page, sync_playwright
+from playwright.sync_api import BrowserContext, Page
 
 import tracegraph
 from reports.html import write_report
+from tests.browser import FIGURES, assert_not_blank, open_page
 from tests.conftest import REAL, SAMPLES
 from tracegraph.analysis import analyze
 from tracegraph.pipeline import recover
-
-CHROMIUM = "/usr/bin/chromium"
-FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-FIGURES = """() => Array.from(document.querySelectorAll('.plotly-graph-div')).map(gd => ({
-    rows: gd.layout.yaxis.ticktext || [],
-    traces: gd._fullData.map(t => ({name: t.name, type: t.type, mode: t.mode,
-                                    points: t.x ? t.x.length : 0})),
-    arrows: (gd.layout.annotations || []).map(a => ({name: a.name, text: a.text, x: a.x,
-                                                     y: a.y, ax: a.ax, ay: a.ay}))}))"""
-
-
-@pytest.fixture(scope="module")
-def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrowserContext]:
-    assert Path(CHROMIUM).exists(), f"{CHROMIUM} missing: CI must install Debian's chromium"
-    with sync_playwright() as driver:
-        context = driver.chromium.launch_persistent_context(
-            tmp_path_factory.mktemp("profile"), executable_path=CHROMIUM, headless=True,
-            args=FLAGS, viewport={"width": 1400, "height": 900}, offline=True)
-        yield context
-        context.close()
 
 
 def open_report(browser: BrowserContext, bundle: Path, out: Path) -> tuple[Page, list[str]]:
     """Write the bundle's report, open it, and collect console errors and page errors."""
     analysis = analyze(tracegraph.load(bundle, use_cache=False))
     write_report(analysis, out, top=5, pipeline=recover(analysis))
-    page = browser.new_page()
-    errors: list[str] = []
-    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    page.on("requestfailed", lambda r: errors.append(f"request {r.url}"))
-    page.goto(out.as_uri())
-    page.wait_for_function("Array.from(document.querySelectorAll('.plotly-graph-div'))"
-                           ".every(gd => gd._fullLayout && gd.querySelector('.main-svg'))")
-    return page, errors
+    return open_page(browser, out)
 
 
 @pytest.fixture(scope="module")
@@ -121,11 +86,7 @@ def test_lane_toggle_collapses_to_main_lanes(gloo_page) -> None:
 
 def test_screenshot_is_not_blank(gloo_page) -> None:
     page, _ = gloo_page
-    shot = page.locator(".plotly-graph-div").first.screenshot()
-    pixels = np.asarray(Image.open(io.BytesIO(shot)).convert("RGB"), dtype=float)
-    assert pixels.std() > 20
-    colours = {tuple(p) for p in pixels.reshape(-1, 3)[::7].astype(int)}
-    assert len(colours) > 50
+    assert_not_blank(page.locator(".plotly-graph-div").first.screenshot())
 
 
 def test_npu_page_loads_without_errors(browser: BrowserContext, tmp_path: Path) -> None:
