@@ -11,7 +11,6 @@ whose progress it waited for, with how it was matched (`how`) and how sure the m
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
@@ -48,9 +47,7 @@ def match(ops: Ops, group_members: dict[str, tuple[int, ...]],
           executor: Executor | None = None) -> Matches:
     """All cross dependencies of `ops`. With `executor` (e.g. a Dask cluster's), the per-rank
     matching (launches, stream waits) runs there on chunks of ranks; pairs and groups here."""
-    result = _empty(len(ops))
-    for index, part in _per_rank_parts(ops, executor):
-        _fold(result, part, index)
+    result = match_within_ranks(ops) if executor is None else _within_ranks_on(executor, ops)
     _match_p2p(ops, result)
     result.instances = _match_collectives(ops, group_members, result)
     return result
@@ -61,21 +58,19 @@ def _empty(n: int) -> Matches:
                    instances=pd.DataFrame(), launcher=np.full(n, -1, dtype=np.int64))
 
 
-def _per_rank_parts(ops: Ops, executor: Executor | None
-                    ) -> Iterator[tuple[np.ndarray, Matches]]:
-    """(global op index, matches numbered by position in it) of each chunk of ranks."""
-    if executor is None:
-        yield np.arange(len(ops)), match_within_ranks(ops)
-        return
+def _within_ranks_on(executor: Executor, ops: Ops) -> Matches:
+    """`match_within_ranks` on chunks of ranks (ops renumbered per chunk), folded back."""
     rank = ops.frame["rank"].to_numpy()
-    chunks = np.array_split(np.unique(rank), min(REMOTE_TASKS, len(np.unique(rank)) or 1))
+    ranks = np.unique(rank)
     jobs = []
-    for ranks in chunks:
-        index = np.flatnonzero(np.isin(rank, ranks))
+    for chunk in np.array_split(ranks, min(REMOTE_TASKS, len(ranks)) or 1):
+        index = np.flatnonzero(np.isin(rank, chunk))
         part = Ops(frame=ops.frame.iloc[index].reset_index(drop=True), lanes=ops.lanes)
         jobs.append((index, executor.submit(match_within_ranks, part)))
+    result = _empty(len(ops))
     for index, job in jobs:
-        yield index, job.result()
+        _fold(result, job.result(), index)
+    return result
 
 
 def match_within_ranks(ops: Ops) -> Matches:
