@@ -170,8 +170,7 @@ def _frame(events: pd.DataFrame) -> pd.DataFrame:
     """Events in the ops layout (`event` = row label in the trace's events table)."""
     frame = events.rename(columns={"start_ns": "start"})
     frame = frame.assign(event=events.index.to_numpy(), end=events["start_ns"] + events["dur_ns"])
-    frame = frame[COLUMNS].reset_index(drop=True)
-    return frame.assign(**{c: shared_strings(frame[c]) for c in STRING_COLUMNS})
+    return frame[COLUMNS].reset_index(drop=True)
 
 
 def _flatten(lane_events: pd.DataFrame) -> pd.DataFrame:
