@@ -149,14 +149,15 @@ def decode_floor(paths: list[Path], module: str) -> str:
 def tracegraph_code(bundle: Path, cache: Path, analyze: bool, use_cache: bool) -> str:
     """Load (and analyze) `bundle`; prints the events kept and the seconds spent after the
     imports."""
-    imports = "import tracegraph.loader" + (", tracegraph.analysis" if analyze else "")
-    tail = "tracegraph.analysis.analyze(t); " if analyze else ""
+    imports = "import tracegraph.loading.loader"
+    imports += "; from tracegraph.analysis.analyze import analyze" if analyze else ""
+    tail = "analyze(t); " if analyze else ""
     return (f"import time; from pathlib import Path; {imports}; s = time.perf_counter(); "
-            f"t = tracegraph.loader.load({str(bundle)!r}, cache_dir=Path({str(cache)!r}), "
+            f"t = tracegraph.loading.loader.load({str(bundle)!r}, cache_dir=Path({str(cache)!r}), "
             f"use_cache={use_cache}); {tail}print(len(t.events), time.perf_counter() - s)")
 
 
-STARTUP = "import tracegraph.loader; print(0)"
+STARTUP = "import tracegraph.loading.loader; print(0)"
 
 
 def hta_code(bundle: Path) -> str:

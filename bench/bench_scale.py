@@ -25,7 +25,7 @@ from bench_load import measure
 REPO = Path(__file__).resolve().parents[1]
 TIMED = """
 import time, tracegraph
-from tracegraph.analysis import analyze
+from tracegraph.analysis.analyze import analyze
 t0 = time.perf_counter(); trace = tracegraph.load({bundle!r}, use_cache=False)
 t1 = time.perf_counter(); analysis = analyze(trace); t2 = time.perf_counter()
 print(len(trace.events), len(analysis.ops), t1 - t0, t2 - t1)

@@ -11,8 +11,8 @@ import plotly.graph_objects as go
 
 from reports.markdown import verdict_line
 from reports.waterfall import MAX_SEGMENTS, step_window, waterfall
-from tracegraph import metrics
-from tracegraph.analysis import Analysis
+from tracegraph.analysis.analyze import Analysis
+from tracegraph.verify import metrics
 
 NS_PER_MS = 1e6
 SIDE_COLORS = {"before": "#bab0ac", "after": "#3b6fb6"}

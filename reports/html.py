@@ -14,9 +14,9 @@ import plotly.graph_objects as go
 
 from reports.pipeline import pipeline_figure
 from reports.waterfall import MAX_SEGMENTS, waterfall
-from tracegraph.analysis import PROGRESS_EVENTS
+from tracegraph.analysis.analyze import PROGRESS_EVENTS
+from tracegraph.analysis.summary import summarize
 from tracegraph.progress import Progress
-from tracegraph.summary import summarize
 
 MAX_STEPS = 8  # steps drawn when none is chosen: the slowest ones
 MAX_OFFSETS_SHOWN = 16  # clock offsets listed in the header (all of them under Totals)

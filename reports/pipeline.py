@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from tracegraph.pipeline import FB, B, F, Pipeline, W
+from tracegraph.analysis.pipeline import FB, B, F, Pipeline, W
 
 PHASE_COLORS = {F: "#4c9be8", B: "#5bb85b", W: "#a173d1", FB: "#3aa39a"}
 MAX_LABELLED = 3_000  # blocks beyond this many are drawn without their microbatch label

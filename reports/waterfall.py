@@ -20,7 +20,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from tracegraph import schema
-from tracegraph.blame import UNKNOWN, Bubble
+from tracegraph.analysis.blame import UNKNOWN, Bubble
 
 OVERVIEW_PX = 1600  # plot width whose pixel is the merge resolution
 MAX_SEGMENTS = 60_000  # op blocks over all the figures of one page

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tracegraph.analysis import Analysis
+from tracegraph.analysis.analyze import Analysis
 
 
 def agreement(analysis: Analysis, truth: dict, *, by_rank: bool = True) -> float:

@@ -14,7 +14,7 @@ import pytest
 
 import tracegraph
 from tracegraph import schema
-from tracegraph.analysis import Analysis, analyze
+from tracegraph.analysis.analyze import Analysis, analyze
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,8 @@ import pandas as pd
 
 import tracegraph
 from tests.conftest import SAMPLES
-from tracegraph.analysis import median_of_others
-from tracegraph.ops import STRING_COLUMNS, build_ops, restore_strings, shared_strings
+from tracegraph.analysis.analyze import median_of_others
+from tracegraph.graph.ops import STRING_COLUMNS, build_ops, restore_strings, shared_strings
 
 
 def test_median_of_others_matches_dropping_each_element() -> None:

@@ -16,9 +16,9 @@ import pandas as pd
 
 from parsers.base import GroupInfo
 from tracegraph import schema
-from tracegraph.analysis import analyze
-from tracegraph.groups import groups_frame
-from tracegraph.trace import Trace
+from tracegraph.analysis.analyze import analyze
+from tracegraph.loading.groups import groups_frame
+from tracegraph.loading.trace import Trace
 
 MS = 1_000_000
 BASE = 1_700_000_000_000_000_000

@@ -9,7 +9,8 @@ import pyarrow as pa
 import tracegraph
 from parsers import parse_rank
 from parsers.bundle import open_bundle
-from tracegraph import cache, schema
+from tracegraph import schema
+from tracegraph.loading import cache
 
 GLOO = "kineto/gloo_pp2_dp2"
 

@@ -28,12 +28,12 @@ from parsers.base import GroupInfo, TraceError
 from tests.conftest import REAL, REPO
 from tests.test_blame_chain import mini_seed_trace, op
 from tracegraph import schema
-from tracegraph.analysis import Analysis, analyze
-from tracegraph.checks import PRESETS, CheckResult, evaluate, load_rules, preset
-from tracegraph.cli import app
-from tracegraph.groups import groups_frame
-from tracegraph.loader import load
-from tracegraph.trace import Trace
+from tracegraph.analysis.analyze import Analysis, analyze
+from tracegraph.cli.app import app
+from tracegraph.loading.groups import groups_frame
+from tracegraph.loading.loader import load
+from tracegraph.loading.trace import Trace
+from tracegraph.verify.checks import PRESETS, CheckResult, evaluate, load_rules, preset
 
 MS = 1_000_000
 JUNIT_XSD = REPO / "tests" / "data" / "junit.xsd"
@@ -204,7 +204,7 @@ def test_generic_rules_on_the_miniature() -> None:
 
 
 def _rule(kind: str, **params: object):
-    from tracegraph.checks import Rule
+    from tracegraph.verify.checks import Rule
 
     return Rule(kind, params)
 

@@ -30,9 +30,9 @@ from tests.test_checks import (
     timeline,
     timeline_overlap,
 )
-from tracegraph.analysis import analyze
-from tracegraph.diff import compare, regressed_beyond, verdict
-from tracegraph.loader import load
+from tracegraph.analysis.analyze import analyze
+from tracegraph.loading.loader import load
+from tracegraph.verify.diff import compare, regressed_beyond, verdict
 
 BEFORE, AFTER = REAL / "kineto" / "gloo_pp2_dp2", REAL / "kineto" / "gloo_pp2_dp2_fixed"
 STEPS_BEFORE = {0: (224.597, 216.508), 1: (227.198, 219.374), 2: (227.682, 217.218),

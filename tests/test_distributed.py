@@ -10,10 +10,10 @@ import pytest
 
 import tracegraph
 from tests.conftest import SAMPLES
-from tracegraph.analysis import analyze
-from tracegraph.distributed import dask_executor
-from tracegraph.match import match
-from tracegraph.ops import build_ops
+from tracegraph.analysis.analyze import analyze
+from tracegraph.graph.match import match
+from tracegraph.graph.ops import build_ops
+from tracegraph.loading.distributed import dask_executor
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ import tracegraph
 from tests.conftest import SAMPLES
 from tests.ground_truth_eval import agreement
 from tracegraph import schema
-from tracegraph.analysis import Analysis, analyze
+from tracegraph.analysis.analyze import Analysis, analyze
 from tracegraph.simulate import simulate
 from tracegraph.simulate.bundle_writer import write_bundle
 

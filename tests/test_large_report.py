@@ -17,10 +17,10 @@ import tracegraph
 from reports.html import write_report
 from reports.waterfall import MAIN_LANES, MAX_SEGMENTS, SIZE_BUDGET_MB
 from tests.browser import FIGURES, assert_not_blank, open_page
-from tracegraph.analysis import analyze
-from tracegraph.pipeline import recover, timeline_from_truth
+from tracegraph.analysis.analyze import analyze
 from tracegraph.simulate import simulate
 from tracegraph.simulate.bundle_writer import write_bundle
+from tracegraph.simulate.truth_pipeline import from_timeline, timeline_from_truth
 
 RANKS = 8  # two PP4 replicas
 KERNELS = 200  # kernels per F/B chunk: 16 microbatches × 2 chunks × (F + B) × 200 per rank
@@ -38,7 +38,7 @@ def large_report(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
     timeline = simulate("large", ranks=RANKS, kernels_per_chunk=KERNELS, steps=1)
     bundle = write_bundle(timeline, out / "large.tar.gz", request.param)
     analysis = analyze(tracegraph.load(bundle, use_cache=False))
-    pipeline = recover(analysis, timeline_from_truth(out / "large.ground_truth.json"))
+    pipeline = from_timeline(analysis, timeline_from_truth(out / "large.ground_truth.json"))
     report = write_report(analysis, out / "report.html", top=5, pipeline=pipeline)
     return report, len(analysis.ops)
 

@@ -14,7 +14,7 @@ import parsers
 import tracegraph
 from parsers.base import TraceError
 from tracegraph import schema
-from tracegraph.inventory import inventory
+from tracegraph.loading.inventory import inventory
 
 GLOO = "kineto/gloo_pp2_dp2"
 
@@ -62,7 +62,7 @@ def test_second_load_comes_from_the_cache(real: Path, cache_dir: Path, monkeypat
     def refuse(*_args, **_kwargs):
         raise AssertionError("parsed again although the cache holds every rank")
 
-    monkeypatch.setattr("tracegraph.loader.parse_rank", refuse)
+    monkeypatch.setattr("tracegraph.loading.loader.parse_rank", refuse)
     second = tracegraph.load(real / GLOO, cache_dir=cache_dir, jobs=1)
     assert second.events.equals(first.events)
     assert not any(cache_dir.glob("*.tmp"))
@@ -103,7 +103,7 @@ def test_parse_rank_rejects_unknown_formats() -> None:
 
 
 def test_rank_map_file_must_be_json(tmp_path: Path) -> None:
-    from tracegraph.cli import _read_rank_map
+    from tracegraph.cli.common import read_rank_map as _read_rank_map
 
     bad = tmp_path / "map.json"
     bad.write_text(json.dumps([1, 2]))

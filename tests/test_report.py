@@ -28,13 +28,14 @@ from reports.waterfall import (
     waterfall,
 )
 from tests.conftest import REAL, SAMPLES
-from tracegraph import pipeline, schema
-from tracegraph.analysis import analyze
-from tracegraph.cli import app
-from tracegraph.simulate import simulate
+from tracegraph import schema
+from tracegraph.analysis import pipeline
+from tracegraph.analysis.analyze import analyze
+from tracegraph.cli.app import app
+from tracegraph.loading.trace import Trace
+from tracegraph.simulate import simulate, truth_pipeline
 from tracegraph.simulate.bundle_writer import EPOCH_NS, write_bundle
 from tracegraph.simulate.timeline import TIMELINE_COLUMNS, StepSpan, Timeline
-from tracegraph.trace import Trace
 
 MS = 1_000_000
 GLOO = REAL / "kineto" / "gloo_pp2_dp2"
@@ -279,7 +280,7 @@ class _Aligned:
 
 def test_pipeline_from_simulated_ground_truth() -> None:
     timeline = gpipe_timeline()
-    pipe = pipeline.from_timeline(_Aligned({0: 0, 1: 250_000}), timeline)
+    pipe = truth_pipeline.from_timeline(_Aligned({0: 0, 1: 250_000}), timeline)
     assert pipe.source == "ground truth" and len(pipe.blocks) == 16
     ratio = pipe.bubble_ratio(1)
     assert (ratio.stages, ratio.chunks, ratio.microbatches) == (2, 1, 4)
@@ -342,7 +343,7 @@ def pp_sim(tmp_path_factory: pytest.TempPathFactory):
 
 def test_op_order_recovers_the_simulated_schedule(pp_sim) -> None:
     timeline, _, analysis = pp_sim
-    truth = pipeline.from_timeline(analysis, timeline)
+    truth = truth_pipeline.from_timeline(analysis, timeline)
     found = pipeline.from_op_order(analysis)
     for step in (1, 2):
         for pipe in (truth, found):
@@ -376,8 +377,8 @@ def test_interleaved_seed_schedule(tmp_path: Path) -> None:
     archive = write_bundle(timeline, tmp_path / "seed.tar.gz", "ascend")
     analysis = analyze(tracegraph.load(archive, use_cache=False))
     assert pipeline.from_op_order(analysis) is None  # stage 3 → stage 0 wraps: not guessed
-    regenerated = pipeline.timeline_from_truth(tmp_path / "seed.ground_truth.json")
-    ratio = pipeline.recover(analysis, regenerated).bubble_ratio(1)
+    regenerated = truth_pipeline.timeline_from_truth(tmp_path / "seed.ground_truth.json")
+    ratio = truth_pipeline.from_timeline(analysis, regenerated).bubble_ratio(1)
     assert (ratio.stages, ratio.chunks, ratio.microbatches) == (4, 2, 16)
     assert ratio.theory == pytest.approx(3 / 32)
 

@@ -11,8 +11,8 @@ import tracegraph
 from reports.html import write_report
 from tests.browser import FIGURES, assert_not_blank, open_page
 from tests.conftest import REAL, SAMPLES
-from tracegraph.analysis import analyze
-from tracegraph.pipeline import recover
+from tracegraph.analysis.analyze import analyze
+from tracegraph.analysis.pipeline import recover
 
 
 def open_report(browser: BrowserContext, bundle: Path, out: Path) -> tuple[Page, list[str]]:

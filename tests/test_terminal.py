@@ -7,8 +7,8 @@ from pathlib import Path
 import tracegraph
 from reports.terminal import chain_text, merged_intervals
 from tests.conftest import SAMPLES
-from tracegraph.analysis import analyze
-from tracegraph.summary import summarize
+from tracegraph.analysis.analyze import analyze
+from tracegraph.analysis.summary import summarize
 
 
 def test_chain_folds_runs_on_one_lane_into_a_line(cache_dir: Path) -> None:

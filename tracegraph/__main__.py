@@ -1,3 +1,3 @@
-from tracegraph.cli import main
+from tracegraph.cli.app import main
 
 main()

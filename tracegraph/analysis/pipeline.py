@@ -1,7 +1,7 @@
 """The pipeline schedule recovered from a trace: stage × time with F/B/W blocks per microbatch.
 
 Sources, best first:
-- the simulator's ground truth (a `Timeline`, whose ops carry phase, microbatch and chunk);
+- a schedule known beforehand (the simulator's ground truth: `simulate/truth_pipeline.py`);
 - user annotations such as `FWD mb=3`, `BWD mb=3`, `W mb=0 chunk=1` (phase, microbatch, chunk);
 - the order of P2P ops on each rank: main-lane compute after a receive from the previous stage
   (or before a send to the next) is forward, after a receive from the next stage (or before a send
@@ -16,11 +16,9 @@ theory is (p − 1)/(v·m) for p stages, v chunks per stage and m microbatches.
 
 from __future__ import annotations
 
-import json
 import re
 from collections import Counter
 from dataclasses import dataclass
-from pathlib import Path
 
 import networkx as nx
 import numpy as np
@@ -78,10 +76,11 @@ class Pipeline:
         return BubbleRatio(p, v, m, measured, (p - 1) / (v * m) if m else float("nan"))
 
 
-def recover(analysis, truth=None) -> Pipeline | None:
-    """The pipeline of `analysis` from `truth` (a simulate Timeline), annotations or op order."""
-    if truth is not None:
-        return from_timeline(analysis, truth)
+def recover(analysis, known: Pipeline | None = None) -> Pipeline | None:
+    """The pipeline of `analysis`: `known` (e.g. a simulation's own schedule), else from
+    annotations, else from op order."""
+    if known is not None:
+        return known
     return from_annotations(analysis) or from_op_order(analysis)
 
 
@@ -103,7 +102,7 @@ def from_annotations(analysis) -> Pipeline | None:
         "start": (rows["start_ns"] - shift).to_numpy(),
         "end": (rows["start_ns"] + rows["dur_ns"] - shift).to_numpy()})
     blocks["work"] = _work(analysis, blocks)
-    return _staged(analysis, blocks, "annotations", _flow_depth(events))
+    return staged(analysis, blocks, "annotations", _flow_depth(events))
 
 
 def from_op_order(analysis) -> Pipeline | None:
@@ -121,52 +120,11 @@ def from_op_order(analysis) -> Pipeline | None:
     blocks = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
     if blocks.empty:
         return None
-    return _staged(analysis, blocks, "op order", {})
-
-
-def timeline_from_truth(path: Path):
-    """The simulated Timeline that a `*.ground_truth.json` describes, regenerated from its
-    scenario and parameters; None when the run does not reproduce the recorded steps."""
-    import dataclasses
-
-    from tracegraph.simulate import Scenario, simulate
-
-    truth = json.loads(Path(path).read_text())
-    params = dict(truth.get("params", {}))
-    fields = {f.name for f in dataclasses.fields(Scenario)} - {"name"}
-    timeline = simulate(truth["scenario"], seed=int(params.get("seed", 0)),
-                        **{k: _tuples(v) for k, v in params.items() if k in fields})
-    steps = sorted((s.rank, s.step, s.start_ns, s.end_ns) for s in timeline.steps)
-    recorded = sorted((s["rank"], s["step"], s["start_ns"], s["end_ns"])
-                      for s in truth.get("steps", []))
-    return timeline if steps == recorded else None
-
-
-def _tuples(value: object) -> object:
-    """JSON lists back to the tuples a Scenario holds."""
-    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
-
-
-def from_timeline(analysis, timeline) -> Pipeline | None:
-    """Blocks from a simulated Timeline's schedule facts, on the analysis's aligned clock."""
-    from tracegraph.simulate.bundle_writer import clock_shift
-
-    ops = timeline.ops[timeline.ops["phase"].isin([F, B, W]) & (timeline.ops["microbatch"] >= 0)]
-    if ops.empty:
-        return None
-    shift = {r: s - analysis.offsets.get(r, 0) for r, s in clock_shift(timeline).items()}
-    ops = ops.assign(start=ops["start_ns"] + ops["rank"].map(shift),
-                     end=ops["start_ns"] + ops["dur_ns"] + ops["rank"].map(shift),
-                     work=ops["dur_ns"])
-    blocks = ops.groupby(["step", "rank", "chunk", "microbatch", "phase"], as_index=False).agg(
-        start=("start", "min"), end=("end", "max"), work=("work", "sum"))
-    first_chunk = blocks.groupby("rank")["chunk"].min()
-    return _staged(analysis, blocks, "ground truth",
-                   {int(r): int(c) for r, c in first_chunk.items()})
+    return staged(analysis, blocks, "op order", {})
 
 
 # --- stages ----------------------------------------------------------------------------------
-def _staged(analysis, blocks: pd.DataFrame, source: str, order: dict[int, float]) -> Pipeline:
+def staged(analysis, blocks: pd.DataFrame, source: str, order: dict[int, float]) -> Pipeline:
     """Add replica and stage: stage = position of the rank within its replica by `order`."""
     replicas = _replicas(analysis.trace, sorted(int(r) for r in blocks["rank"].unique()))
     stage: dict[int, int] = {}

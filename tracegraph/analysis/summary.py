@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from tracegraph.analysis import Analysis
-from tracegraph.blame import Bubble, Interval
-from tracegraph.critical import PathSegment
+from tracegraph.analysis.analyze import Analysis
+from tracegraph.analysis.blame import Bubble, Interval
+from tracegraph.analysis.critical_path import PathSegment
 
 NS_PER_MS = 1e6
 

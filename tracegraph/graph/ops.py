@@ -15,7 +15,7 @@ import pandas as pd
 import pyarrow as pa
 
 from tracegraph import schema
-from tracegraph.steps import is_step_marker
+from tracegraph.loading.steps import is_step_marker
 
 DEVICE_KINDS = (schema.COMPUTE, schema.WAIT, schema.RECORD, schema.MEMCPY, schema.COLLECTIVE,
                 schema.P2P)

@@ -15,8 +15,8 @@ import pandas as pd
 
 from parsers.classify import P2P_COMMS, comm_type, parse_hccl_name
 from tracegraph import schema
-from tracegraph.analysis import Analysis
-from tracegraph.blame import Bubble, Interval
+from tracegraph.analysis.analyze import Analysis
+from tracegraph.analysis.blame import Bubble, Interval
 
 NS_PER_MS = 1e6
 REDUCTIONS = frozenset({"allreduce", "reducescatter", "reduce"})

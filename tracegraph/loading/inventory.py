@@ -5,8 +5,8 @@ from __future__ import annotations
 import pandas as pd
 
 from tracegraph import schema
-from tracegraph.steps import step_markers
-from tracegraph.trace import Trace
+from tracegraph.loading.steps import step_markers
+from tracegraph.loading.trace import Trace
 
 
 def inventory(trace: Trace) -> dict[str, object]:

@@ -17,8 +17,8 @@ import numpy as np
 import pandas as pd
 
 from tracegraph import schema
-from tracegraph.match import Matches
-from tracegraph.ops import Ops
+from tracegraph.graph.match import Matches
+from tracegraph.graph.ops import Ops
 
 MAX_DEPTH = 600  # links followed before the rest of an interval is left unexplained
 RELEASE_WINDOW_NS = 2_000_000  # a host thread resumes this soon after the op it waited on ends

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from tracegraph import schema
-from tracegraph.ops import Ops
+from tracegraph.graph.ops import Ops
 
 RECORD_WINDOW_NS = 5_000  # a blocking wait ends at most this long after the record it waited on
 BLOCKING_WAIT_NS = 1_000  # shorter waits were already satisfied: no dependency to draw

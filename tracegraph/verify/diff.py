@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import math
 
-from tracegraph import metrics
-from tracegraph.analysis import Analysis
-from tracegraph.blame import Bubble
+from tracegraph.analysis.analyze import Analysis
+from tracegraph.analysis.blame import Bubble
+from tracegraph.verify import metrics
 
 UNCHANGED_PCT = 2.0  # step-time changes within this are "unchanged"
 CHAIN_FLOOR_SHARE = 0.01  # chains under this share of the step time count as absent

@@ -9,14 +9,14 @@ import numpy as np
 import pandas as pd
 
 from tracegraph import schema
-from tracegraph.blame import Blamer, Bubble
-from tracegraph.clock import estimate_offsets
-from tracegraph.critical import PathSegment, critical_path
-from tracegraph.match import Matches, match
-from tracegraph.ops import Ops, build_ops
+from tracegraph.analysis.blame import Blamer, Bubble
+from tracegraph.analysis.critical_path import PathSegment, critical_path
+from tracegraph.graph.clock import estimate_offsets
+from tracegraph.graph.match import Matches, match
+from tracegraph.graph.ops import Ops, build_ops
+from tracegraph.loading.steps import step_markers
+from tracegraph.loading.trace import Trace
 from tracegraph.progress import Progress
-from tracegraph.steps import step_markers
-from tracegraph.trace import Trace
 
 SLOW_RANK_FACTOR = 1.15  # compute busier than this × the median of the other ranks = straggler
 SLOW_RANK_SHARE = 0.05  # ... and by at least this share of the profiled time

@@ -13,7 +13,7 @@ from pathlib import Path
 import networkx as nx
 import numpy as np
 
-from tracegraph.analysis import Analysis
+from tracegraph.analysis.analyze import Analysis
 
 
 def dependency_graph(analysis: Analysis) -> nx.DiGraph:

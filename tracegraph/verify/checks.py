@@ -39,9 +39,10 @@ import pandas as pd
 
 from parsers.base import TraceError
 from parsers.classify import P2P_COMMS
-from tracegraph import metrics, schema
-from tracegraph.analysis import Analysis
-from tracegraph.blame import Bubble
+from tracegraph import schema
+from tracegraph.analysis.analyze import Analysis
+from tracegraph.analysis.blame import Bubble
+from tracegraph.verify import metrics
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -22,10 +22,11 @@ import pyarrow as pa
 from parsers import parse_rank
 from parsers.base import GroupInfo, ParsedRank, RankFiles, TraceError
 from parsers.bundle import Bundle, open_bundle
-from tracegraph import cache, schema
-from tracegraph.groups import groups_frame
+from tracegraph import schema
+from tracegraph.loading import cache
+from tracegraph.loading.groups import groups_frame
+from tracegraph.loading.trace import Trace
 from tracegraph.progress import Progress
-from tracegraph.trace import Trace
 
 _WORKER_BUNDLES: dict[str, Bundle] = {}
 
@@ -43,7 +44,7 @@ def load(
     """Read every rank profile under `path` (directory, archive or file) into one `Trace`.
 
     Ranks are parsed in a local process pool, or on `executor` (e.g. a Dask cluster's, see
-    tracegraph.distributed) when given."""
+    tracegraph.loading.distributed) when given."""
     with open_bundle(path) as bundle:
         forced = _forced_ranks(bundle.profiles, rank_map or {})
         profiles = [RankFiles(p.format, p.root, p.files, forced.get(p.root, p.rank))

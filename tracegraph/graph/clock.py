@@ -13,8 +13,8 @@ import numpy as np
 import pandas as pd
 
 from tracegraph import schema
-from tracegraph.match import Matches
-from tracegraph.ops import Ops, startswith
+from tracegraph.graph.match import Matches
+from tracegraph.graph.ops import Ops, startswith
 
 
 def estimate_offsets(ops: Ops, matches: Matches) -> dict[int, int]:

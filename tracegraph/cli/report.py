@@ -8,6 +8,8 @@ from typing import Annotated
 
 import typer
 
+from tracegraph.cli.common import err, friendly_errors, load_bundle, out
+
 
 def report_command(
     bundle: Annotated[Path, typer.Argument(help="A profile folder, archive or file.")],
@@ -27,7 +29,6 @@ def report_command(
              "(default: NAME.ground_truth.json beside a NAME.tar.gz bundle).")] = None,
 ) -> None:
     """Write one HTML file (works offline): waterfall per step, top causes, pipeline view."""
-    from tracegraph.cli import friendly_errors
 
     friendly_errors(_report)(bundle, output, step, top, threshold_ms, cache_dir, no_cache, jobs,
                              rank_map, truth or _beside(bundle))
@@ -45,19 +46,20 @@ def _report(bundle: Path, output: Path, step: int | None, top: int, threshold_ms
             truth: Path | None) -> None:
     from parsers.base import TraceError
     from reports.html import write_report
-    from tracegraph.analysis import analyze
-    from tracegraph.cli import _load, err, out
-    from tracegraph.pipeline import recover, timeline_from_truth
+    from tracegraph.analysis.analyze import analyze
+    from tracegraph.analysis.pipeline import recover
+    from tracegraph.simulate.truth_pipeline import from_timeline, timeline_from_truth
 
-    trace = _load(bundle, cache_dir, no_cache, jobs, rank_map)
+    trace = load_bundle(bundle, cache_dir, no_cache, jobs, rank_map)
     analysis = analyze(trace, threshold_ms=threshold_ms)
     timeline = timeline_from_truth(truth) if truth else None
     if truth and timeline is None:
         err.print(f"[yellow]warning:[/yellow] {truth}: the simulation does not reproduce its "
                   "steps; pipeline recovered from the trace instead", highlight=False)
     try:
+        known = from_timeline(analysis, timeline) if timeline is not None else None
         path = write_report(analysis, output, step=step, top=top,
-                            pipeline=recover(analysis, timeline))
+                            pipeline=recover(analysis, known))
     except ValueError as error:
         raise TraceError(f"{bundle}: {error}") from None
     size = path.stat().st_size / 2**20

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tracegraph.blame import Blamer
+from tracegraph.analysis.blame import Blamer
 
 
 @dataclass

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from parsers.base import TraceError
+from tracegraph.cli.common import friendly_errors, out
 
 
 def simulate_command(
@@ -27,7 +28,6 @@ def simulate_command(
         help="Kernels per F/B chunk (events per rank grow with it).")] = None,
 ) -> None:
     """Simulate a training step with known causes; the ground truth goes beside the archive."""
-    from tracegraph.cli import friendly_errors, out
     from tracegraph.simulate import simulate
     from tracegraph.simulate.bundle_writer import write_bundle
 

@@ -26,7 +26,8 @@ from reports.markdown import (
     verdict_line,
     violation_line,
 )
-from tracegraph.options import Bundle, CacheDir, Jobs, NoCache, RankMap
+from tracegraph.cli.common import friendly_errors, load_bundle
+from tracegraph.cli.options import Bundle, CacheDir, Jobs, NoCache, RankMap
 
 EXIT_FAILED = 1
 DEFAULT_REGRESSION = "5%"
@@ -72,7 +73,6 @@ def diff_command(
     Step time, bubble time by root cause, critical path, communication overlap, the chains that
     disappeared, shrank, grew or appeared, and the checks of --rules / --preset (docs/ci.md).
     """
-    from tracegraph.cli import friendly_errors
 
     limit = _percent(fail_on_regression)
     source = Source(threshold_ms, cache_dir, no_cache, jobs, rank_map)
@@ -95,7 +95,6 @@ def check_command(
     rank_map: RankMap = None,
 ) -> None:
     """Evaluate checks (--rules FILE, --preset NAME) on one profile; exit 1 if any fails."""
-    from tracegraph.cli import friendly_errors
 
     if rules is None and not preset:
         raise typer.BadParameter("give --rules FILE or --preset NAME", param_hint="--rules")
@@ -115,10 +114,9 @@ class Source(NamedTuple):
     rank_map: Path | None
 
     def analysis(self, path: Path):
-        from tracegraph.analysis import analyze
-        from tracegraph.cli import _load
+        from tracegraph.analysis.analyze import analyze
 
-        trace = _load(path, self.cache_dir, self.no_cache, self.jobs, self.rank_map)
+        trace = load_bundle(path, self.cache_dir, self.no_cache, self.jobs, self.rank_map)
         return analyze(trace, threshold_ms=self.threshold_ms)
 
 
@@ -144,7 +142,7 @@ RuleSpec = tuple[Path | None, list[str]]  # --rules FILE, --preset NAMEs
 
 
 def _rules(spec: RuleSpec) -> list:
-    from tracegraph.checks import load_rules
+    from tracegraph.verify.checks import load_rules
 
     return load_rules(*spec) if spec[0] or spec[1] else []
 
@@ -154,8 +152,8 @@ def _diff(before: Path, after: Path, spec: RuleSpec, limit: float | None,
           min_chain_ms: float | None) -> None:
     from reports.junit import diff_junit
     from reports.markdown import diff_markdown
-    from tracegraph.checks import evaluate
-    from tracegraph.diff import compare, regressed_beyond
+    from tracegraph.verify.checks import evaluate
+    from tracegraph.verify.diff import compare, regressed_beyond
 
     rules = _rules(spec)
     old, new = source.analysis(before), source.analysis(after)
@@ -179,8 +177,8 @@ def _diff(before: Path, after: Path, spec: RuleSpec, limit: float | None,
 def _check(bundle: Path, spec: RuleSpec, source: Source, outputs: Outputs) -> None:
     from reports.junit import check_junit
     from reports.markdown import check_markdown
-    from tracegraph import metrics
-    from tracegraph.checks import evaluate
+    from tracegraph.verify import metrics
+    from tracegraph.verify.checks import evaluate
 
     rules = _rules(spec)
     analysis = source.analysis(bundle)

@@ -1,0 +1,1 @@
+"""The command line: `app` assembles one module per command."""

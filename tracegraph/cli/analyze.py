@@ -1,0 +1,73 @@
+"""`tracegraph analyze`: what the bundle holds, and what held each step back."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from tracegraph.cli.common import cluster, friendly_errors, load_bundle, out, warn
+from tracegraph.cli.options import Bundle, CacheDir, Dask, Jobs, NoCache, RankMap
+
+
+@friendly_errors
+def analyze_command(
+    bundle: Bundle,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
+    cache_dir: CacheDir = None,
+    no_cache: NoCache = False,
+    jobs: Jobs = None,
+    rank_map: RankMap = None,
+    dask: Dask = None,
+    step: Annotated[int | None, typer.Option(help="Only this ProfilerStep number.")] = None,
+    top: Annotated[int, typer.Option(help="Bubbles to show, longest first (0: all).")] = 10,
+    threshold_ms: Annotated[float, typer.Option(help="Shortest stall counted a bubble.")] = 1.0,
+    inventory_only: Annotated[bool, typer.Option(
+        "--inventory-only", help="Only list what the bundle holds; no analysis.")] = False,
+) -> None:
+    """Read every rank's profile, then explain each step's bubbles down to their root causes."""
+    from reports.terminal import print_analysis
+    from tracegraph.analysis.analyze import analyze as run_analysis
+    from tracegraph.analysis.summary import summarize
+    from tracegraph.loading.inventory import inventory
+
+    with cluster(dask, jobs) as executor:
+        trace = load_bundle(bundle, cache_dir, no_cache, jobs, rank_map, executor=executor)
+        analysis = None if inventory_only else run_analysis(
+            trace, threshold_ms=threshold_ms, executor=executor)
+    summary = inventory(trace)
+    if analysis is not None:
+        summary |= summarize(analysis, step=step, top=top)
+        summary["warnings"] = trace.warnings + analysis.warnings
+    if as_json:
+        print(json.dumps(summary, indent=2))
+        return
+    _print_inventory(summary)
+    if not inventory_only:
+        for warning in analysis.warnings:
+            warn(warning)
+        print_analysis(out, summary)
+
+
+def _print_inventory(summary: dict[str, object]) -> None:
+    from rich.table import Table
+
+    ranks = Table(title=f"{len(summary['ranks'])} ranks in {summary['source']}")
+    for column in ("rank", "framework", "events", "lanes", "comm ops", "steps (ms)"):
+        ranks.add_column(column, overflow="fold")
+    for r in summary["ranks"]:
+        lanes = ", ".join(f"{n} {k}" for k, n in r["lanes"].items())
+        comm = "\n".join(f"{c['comm']}×{c['count']} @{c['group'] or '?'}" for c in r["comm_ops"])
+        steps = ", ".join(f"#{k}: {v:.1f}" for k, v in r["steps"].items())
+        ranks.add_row(str(r["rank"]), r["framework"], f"{r['events']:,}", lanes, comm or "-",
+                      steps or "-")
+    out.print(ranks)
+    groups = Table(title=f"{len(summary['groups'])} groups")
+    for column in ("group", "name", "dim", "size", "ranks", "source"):
+        groups.add_column(column, overflow="fold")
+    for g in summary["groups"]:
+        members = ", ".join(map(str, g["ranks"][:16])) + (" …" if len(g["ranks"]) > 16 else "")
+        groups.add_row(g["group"], g["name"] or g["desc"], g["dim"] or "-", str(g["size"]),
+                       members, g["source"])
+    out.print(groups)

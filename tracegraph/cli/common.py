@@ -1,0 +1,85 @@
+"""What every command shares: consoles, exit codes, one-line errors, loading a bundle."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from concurrent.futures import Executor
+from contextlib import AbstractContextManager, nullcontext
+from functools import wraps
+from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
+
+import typer
+from rich.console import Console
+
+from parsers.base import TraceError
+
+if TYPE_CHECKING:
+    from tracegraph.loading.trace import Trace
+
+out = Console()
+err = Console(stderr=True)
+
+EXIT_OK, EXIT_CHECK_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+
+F = TypeVar("F", bound=Callable[..., object])
+
+
+def friendly_errors(command: F) -> F:
+    """Bad input ends in one line on stderr and exit code 2, never a traceback."""
+
+    @wraps(command)
+    def run(*args: object, **kwargs: object) -> object:
+        try:
+            return command(*args, **kwargs)
+        except (TraceError, OSError) as error:
+            err.print(f"[red]error:[/red] {error}", highlight=False, soft_wrap=True)
+            raise typer.Exit(EXIT_BAD_INPUT) from None
+
+    return run  # type: ignore[return-value]
+
+
+def cluster(dask: str | None, jobs: int | None) -> AbstractContextManager[Executor | None]:
+    """The Dask cluster's executor for `--dask`, else None."""
+    if not dask:
+        return nullcontext(None)
+    from tracegraph.loading.distributed import dask_executor
+
+    return dask_executor(dask, jobs)
+
+
+def load_bundle(bundle: Path, cache_dir: Path | None, no_cache: bool, jobs: int | None,
+          rank_map: Path | None, dask: str | None = None, executor: Executor | None = None
+          ) -> Trace:
+    """Load for a command: ranks parse on `executor`, else on a `--dask` cluster held for the
+    load, else locally; the trace's warnings go to stderr."""
+    from tracegraph.loading.loader import load
+
+    mapping = read_rank_map(rank_map) if rank_map else None
+    options = {"cache_dir": cache_dir, "use_cache": not no_cache, "jobs": jobs,
+               "rank_map": mapping, "progress": sys.stderr.isatty()}
+    if executor is not None:
+        trace = load(bundle, executor=executor, **options)
+    else:
+        with cluster(dask, jobs) as held:
+            trace = load(bundle, executor=held, **options)
+    for warning in trace.warnings:
+        warn(warning)
+    return trace
+
+
+def read_rank_map(path: Path) -> dict[str, int]:
+    try:
+        mapping = json.loads(path.read_text())
+        return {str(k): int(v) for k, v in mapping.items()}
+    except (ValueError, TypeError, AttributeError) as error:
+        raise TraceError(f"{path}: not a JSON object of profile -> rank ({error})") from None
+
+
+
+
+def warn(message: str) -> None:
+    """A warning line on stderr."""
+    err.print(f"[yellow]warning:[/yellow] {message}", highlight=False, soft_wrap=True)

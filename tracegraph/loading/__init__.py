@@ -1,0 +1,1 @@
+"""Loading: find a bundle's rank profiles, parse them (in parallel, cached), merge groups."""
