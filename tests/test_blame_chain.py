@@ -10,64 +10,55 @@ among unprofiled members, 90.01–99.5 the P2P transfer itself.
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import pandas as pd
-
-from parsers.base import GroupInfo
+from tests.builder import MS, TraceBuilder
 from tracegraph import schema
 from tracegraph.analysis.analyze import analyze
-from tracegraph.loading.groups import groups_frame
 from tracegraph.loading.trace import Trace
 
-MS = 1_000_000
 BASE = 1_700_000_000_000_000_000
+P2P = {"group": "g01", "seq": 0}
+BSR = "hcom_batchSendRecv__g01_0_1"
 
 
-def op(rank, stream, name, kind, start_ms, end_ms, **extra):
-    row = {"rank": rank, "lane": f"stream {stream}", "lane_kind": schema.STREAM, "stream": stream,
-           "name": name, "kind": kind, "start_ns": BASE + int(start_ms * MS),
-           "dur_ns": int((end_ms - start_ms) * MS)}
-    return row | extra
+def builder() -> TraceBuilder:
+    """A builder in ms from BASE, with the miniature's P2P group."""
+    b = TraceBuilder(unit=MS, base_ns=BASE)
+    b.group("g01", (0, 1), dim="pp", name="pp-0-1")
+    return b
+
+
+def op(rank: int, stream: int, name: str, kind: str, start_ms: float, end_ms: float,
+       **extra: object) -> dict[str, object]:
+    """One event row on a stream, in ms from BASE (for tests that build their rows by hand)."""
+    return builder().stream(rank, stream).row(kind, start_ms, end_ms, name, **extra)
 
 
 def mini_seed_trace(offset_ms: float = 0.0) -> Trace:
-    p2p = {"comm": "batch_send_recv", "group": "g01", "seq": 0}
-    rows = [
-        op(0, 47, "ProfilerStep#1", schema.MARKER, 0, 181),
-        op(0, 47, "MatMul", schema.COMPUTE, 0, 10),
-        op(0, 47, "EVENT_WAIT", schema.WAIT, 10, 100),
-        op(0, 47, "MatMul", schema.COMPUTE, 100.001, 181),
-        op(0, 50, "hcom_batchSendRecv__g01_0_1", schema.P2P, 10, 99.5, peer=1, **p2p),
-        op(0, 50, "EVENT_RECORD", schema.RECORD, 99.9995, 99.9995),
-        op(1, 47, "ProfilerStep#1", schema.MARKER, 0, 181),
-        op(1, 47, "MatMulGrad", schema.COMPUTE, 0, 40),
-        op(1, 47, "EVENT_RECORD", schema.RECORD, 40.0, 40.0),
-        op(1, 52, "EVENT_WAIT", schema.WAIT, 0, 40.0005),
-        op(1, 47, "EVENT_WAIT", schema.WAIT, 40.0001, 89.999),
-        op(1, 47, "EVENT_RECORD", schema.RECORD, 90.0005, 90.0005),
-        op(1, 47, "MatMul", schema.COMPUTE, 90.1, 141),
-        op(1, 52, "hcom_allReduce__dp1_0_1", schema.COLLECTIVE, 40.001, 89.9, comm="allreduce",
-           group="dp1", seq=0),
-        op(1, 52, "EVENT_RECORD", schema.RECORD, 89.9985, 89.9985),
-        op(1, 50, "EVENT_WAIT", schema.WAIT, 0, 90.001),
-        op(1, 50, "hcom_batchSendRecv__g01_0_1", schema.P2P, 90.01, 99.5, peer=0, **p2p),
-    ]
-    for row in rows:  # rank 1's clock runs ahead
-        if row["rank"] == 1:
-            row["start_ns"] += int(offset_ms * MS)
-    return trace(rows, [GroupInfo("g01", "pp-0-1", "pp", (0, 1)),
-                        GroupInfo("dp1", "hsdp-32", "dp", (1, *range(100, 131)))])
-
-
-def trace(rows: list[dict], infos: list[GroupInfo]) -> Trace:
-    """A two-rank Trace of these event rows and groups."""
-    frame = pd.DataFrame(rows)
-    for column, default in (schema.STRING_DEFAULTS | schema.INT_DEFAULTS).items():
-        frame[column] = frame[column].fillna(default) if column in frame else default
-    events = schema.events_table({c: frame[c].tolist() for c in schema.EVENTS.names}, len(frame))
-    groups, _ = groups_frame(infos, events)
-    return Trace(Path("mini"), events.to_pandas(), groups, pd.DataFrame({"rank": [0, 1]}))
+    """The miniature of the module docstring; rank 1's clock `offset_ms` ahead."""
+    b = builder()
+    b.group("dp1", (1, *range(100, 131)), dim="dp", name="hsdp-32")
+    r0_47, r0_50 = b.stream(0, 47), b.stream(0, 50)
+    r0_47.step(1, 0, 181)
+    r0_47.compute(0, 10)
+    r0_47.wait(10, 100)
+    r0_47.compute(100.001, 181)
+    r0_50.batch_send_recv(10, 99.5, peer=1, name=BSR, **P2P)
+    r0_50.record(99.9995)
+    r1_47, r1_50, r1_52 = b.stream(1, 47), b.stream(1, 50), b.stream(1, 52)
+    r1_47.step(1, 0, 181)
+    r1_47.compute(0, 40, "MatMulGrad")
+    r1_47.record(40.0)
+    r1_52.wait(0, 40.0005)
+    r1_47.wait(40.0001, 89.999)
+    r1_47.record(90.0005)
+    r1_47.compute(90.1, 141)
+    r1_52.collective(40.001, 89.9, "allreduce", group="dp1", seq=0,
+                     name="hcom_allReduce__dp1_0_1")
+    r1_52.record(89.9985)
+    r1_50.wait(0, 90.001)
+    r1_50.batch_send_recv(90.01, 99.5, peer=0, name=BSR, **P2P)
+    b.shift(1, offset_ms)
+    return b.trace("mini")
 
 
 def test_wait_is_charged_along_the_chain() -> None:
@@ -106,24 +97,23 @@ def test_recorded_stream_wait_releases_when_its_stream_reaches_it() -> None:
     ended at 3 ms) and behind its compute (until 10 ms); its P2P stream waits on that record.
     The record fires when the compute ends, so rank 0's wait for the P2P is rank 1's compute,
     not the all-to-all. Stream waits sit at their host call (0.5 ms), not on the device."""
-    p2p = {"comm": "batch_send_recv", "group": "g01", "seq": 0}
-    rows = [
-        op(0, 7, "ProfilerStep#1", schema.MARKER, 0, 20),
-        op(0, 7, "MatMul", schema.COMPUTE, 0, 1, correlation=1),
-        op(0, 7, "SendRecv", schema.P2P, 1, 12, peer=1, correlation=2, **p2p),
-        op(0, 7, "MatMul", schema.COMPUTE, 12, 20, correlation=3),
-        op(1, 7, "ProfilerStep#1", schema.MARKER, 0, 20),
-        op(1, 32, "SendRecv", schema.COLLECTIVE, 1, 3, comm="alltoall", group="ep1", seq=0,
-           correlation=5),
-        op(1, 7, "MatMulGrad", schema.COMPUTE, 0, 10, correlation=6),
-        op(1, 7, "Stream Wait Event", schema.WAIT, 0.5, 0.501, correlation=8, event_id=7,
-           wait_on_stream=32),  # the all-to-all's record has correlation 7
-        op(1, 20, "Stream Wait Event", schema.WAIT, 0.6, 0.601, correlation=10, event_id=9,
-           wait_on_stream=7),  # stream 7's record (correlation 9) comes after the wait
-        op(1, 20, "SendRecv", schema.P2P, 10, 12, peer=0, correlation=11, **p2p),
-    ]
-    analysis = analyze(trace(rows, [GroupInfo("g01", "pp-0-1", "pp", (0, 1)),
-                                    GroupInfo("ep1", "ep-1", "ep", (1,))]))
+    b = builder()
+    b.group("ep1", (1,), dim="ep", name="ep-1")
+    r0, r1_7, r1_20 = b.stream(0, 7), b.stream(1, 7), b.stream(1, 20)
+    r0.step(1, 0, 20)
+    r0.compute(0, 1, correlation=1)
+    r0.batch_send_recv(1, 12, peer=1, name="SendRecv", correlation=2, **P2P)
+    r0.compute(12, 20, correlation=3)
+    r1_7.step(1, 0, 20)
+    b.stream(1, 32).collective(1, 3, "alltoall", group="ep1", seq=0, name="SendRecv",
+                               correlation=5)
+    r1_7.compute(0, 10, "MatMulGrad", correlation=6)
+    r1_7.wait(0.5, 0.501, "Stream Wait Event", correlation=8, event_id=7,
+              wait_on_stream=32)  # the all-to-all's record has correlation 7
+    r1_20.wait(0.6, 0.601, "Stream Wait Event", correlation=10, event_id=9,
+               wait_on_stream=7)  # stream 7's record (correlation 9) comes after the wait
+    r1_20.batch_send_recv(10, 12, peer=0, name="SendRecv", correlation=11, **P2P)
+    analysis = analyze(b.trace("mini"))
     wait = next(b for b in analysis.bubbles if b.rank == 0 and b.name == "SendRecv")
     assert [(p.start - BASE, p.end - BASE, p.category, p.rank) for p in wait.intervals] == [
         (1 * MS, 10 * MS, schema.PIPELINE_FILL, 1), (10 * MS, 12 * MS, schema.PP_P2P, 0)]
