@@ -1,19 +1,18 @@
-"""Format parsers: one module per source format, each `parse(RankFiles, Reader) -> ParsedRank`."""
+"""Format parsers: one module per source format, registered in `parsers.formats.FORMATS`."""
 
 from __future__ import annotations
 
-from importlib import import_module
-
 from parsers.base import GroupInfo, ParsedRank, RankFiles, Reader, TraceError
-
-FORMATS = ("kineto", "ascend")
 
 
 def parse_rank(files: RankFiles, read: Reader) -> ParsedRank:
     """Parse one rank's profile with the parser of its format."""
-    if files.format not in FORMATS:
+    from parsers import formats  # the format modules load pyarrow: `import parsers` does not
+
+    fmt = formats.named(files.format)
+    if fmt is None:
         raise TraceError(f"{files.root}: unknown profile format {files.format!r}")
-    return import_module(f"parsers.{files.format}").parse(files, read)
+    return fmt.parse(files, read)
 
 
-__all__ = ["FORMATS", "GroupInfo", "ParsedRank", "RankFiles", "Reader", "TraceError", "parse_rank"]
+__all__ = ["GroupInfo", "ParsedRank", "RankFiles", "Reader", "TraceError", "parse_rank"]

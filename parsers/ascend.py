@@ -4,7 +4,8 @@ trace_view.json / msprof_*.json slices are decoded by msgspec into Structs that 
 fields used; the columns are then built with pyarrow / numpy / pandas. Layers are told apart by
 their `process_name` metadata, never by pid arithmetic (by the events' content when a truncated
 file lost its metadata). communication.json gives each HCCL op its full group; a rank without a
-timeline gets its communication ops from that file alone.
+timeline gets its communication ops from that file alone. Which folders are Ascend profiles, and
+which of their files play which role, is `parsers.ascend_layout`'s call.
 """
 
 from __future__ import annotations
@@ -23,8 +24,10 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from parsers import ascend_layout
 from parsers.ascend_comm import Side, load_side, resolve_rank
-from parsers.base import GroupInfo, ParsedRank, RankFiles, Reader, TraceError
+from parsers.ascend_layout import recognizes as recognizes  # the format's test, re-exported
+from parsers.base import Format, GroupInfo, ParsedRank, RankFiles, Reader, TraceError
 from parsers.classify import HcclName, comm_kind, comm_type, double_hash, parse_hccl_name
 from tracegraph import schema
 from tracegraph.schema import (
@@ -706,3 +709,9 @@ def _framework(files: RankFiles, side: Side) -> str:
                                        for m in files.files.values()):
         return "msprof"
     return ""
+
+
+# --- registration (parsers.formats) ----------------------------------------------------------
+FORMAT = Format(name=ascend_layout.NAME, looked_for=ascend_layout.LOOKED_FOR, parse=parse,
+                wants=ascend_layout.wants, sniff=ascend_layout.sniff, find=ascend_layout.find,
+                encloses=ascend_layout.encloses)

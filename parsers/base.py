@@ -3,14 +3,15 @@
 A bundle is discovered into `RankFiles` (which members of the bundle make up one rank's profile);
 a parser turns the bytes of those members into a `ParsedRank`. Parsers never touch the file
 system themselves: they get a `read(member) -> bytes` callable, so the same code serves a
-directory, a zip and a streamed tar.
+directory, a zip and a streamed tar. A `Format` ties one format's discovery hooks and parser
+together; `parsers.formats.FORMATS` lists them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:  # kept out of the import: `TraceError` alone must not load pyarrow
     import pyarrow as pa
@@ -24,7 +25,7 @@ class TraceError(Exception):
 class RankFiles:
     """The members of a bundle that hold one rank's profile."""
 
-    format: str  # "kineto" | "ascend"
+    format: str  # the `Format.name` of its format: "kineto", "ascend", ...
     root: str  # display path of the profile (a file or a folder) inside the bundle
     files: dict[str, str]  # role -> member path, e.g. {"trace": ".../trace_view.json"}
     rank: int | None = None  # rank id known from discovery (file name, profiler_info_N.json)
@@ -54,3 +55,41 @@ class ParsedRank:
 
 Reader = Callable[[str], bytes]
 """Returns the (decompressed) bytes of a bundle member."""
+
+
+class Sniff(NamedTuple):
+    """What a member's first bytes told its format while the bundle was listed."""
+
+    profile: bool  # the member is by itself one rank's profile of that format
+    rank: int | None = None  # the rank id they state
+
+
+Found = tuple[list[RankFiles], list[str]]
+"""A format's profiles among the members offered to it, and the members it leaves to the next."""
+
+Finder = Callable[[list[str], dict[str, Sniff], str, list[str]], Found]
+"""(members, this format's sniffs of them, the bundle's own name, notes to append to) -> Found."""
+
+
+def _never(name: str) -> bool:
+    return False
+
+
+@dataclass(frozen=True)
+class Format:
+    """One trace format, as discovery (`parsers.bundle`) and `parsers.parse_rank` use it.
+
+    While a bundle is listed, each member's first bytes go to the formats (in `FORMATS` order)
+    that `wants` them, up to the first format that `encloses` the member. Then each format in
+    turn takes its profiles from the members the earlier formats left (`find`).
+    """
+
+    name: str  # RankFiles.format
+    looked_for: str  # what discovery looks for, named when a bundle holds no profile
+    parse: Callable[[RankFiles, Reader], ParsedRank]  # one rank's profile -> ParsedRank
+    wants: Callable[[str], bool]  # by its name: must `sniff` see this member's first bytes?
+    sniff: Callable[[str, bytes], Sniff]  # (member, its first 64 KiB) -> what they say
+    suffixes: tuple[str, ...] = ()  # lower-case name endings of one-file profiles (a bundle
+    # may be one such file; unclaimed members so named are reported as ignored)
+    find: Finder | None = None  # None: each member `sniff` calls a profile is one rank
+    encloses: Callable[[str], bool] = _never  # by its path, the member lies in one of its profiles

@@ -30,7 +30,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from parsers.base import GroupInfo, ParsedRank, RankFiles, Reader, TraceError
+from parsers.base import Format, GroupInfo, ParsedRank, RankFiles, Reader, Sniff, TraceError
 from parsers.classify import P2P_COMMS, comm_kind, comm_type
 from tracegraph import schema
 from tracegraph.schema import NO_INT
@@ -167,9 +167,27 @@ def _recover(raw: bytes, root: str) -> tuple[_Trace, list[str]]:
     raise TraceError(f"{root}: truncated JSON, no complete event in traceEvents")
 
 
-# --- rank discovery --------------------------------------------------------------------------
+# --- discovery -------------------------------------------------------------------------------
+SUFFIXES = (".json", ".json.gz", ".json.tmp")  # .tmp: an export the profiler did not finish
+_CHROME_KEY = re.compile(rb'"(?:traceEvents|schemaVersion)"\s*:')
 _DIST_INFO = re.compile(rb'"distributedInfo"\s*:\s*')
 _RANK_KEY = re.compile(rb'"rank"\s*:\s*"?(-?\d+)')
+
+
+def wants(name: str) -> bool:
+    """Members named like a trace file: their first bytes tell whether they are one."""
+    return name.lower().endswith(SUFFIXES)
+
+
+def recognizes(name: str, head: bytes) -> bool:
+    """Whether a member, by its name and first bytes, is a Kineto (Chrome JSON object) trace."""
+    return (wants(name) and head.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"{")
+            and bool(_CHROME_KEY.search(head)))
+
+
+def sniff(name: str, head: bytes) -> Sniff:
+    """A trace's first bytes: whether it is a Kineto trace, and the rank it states."""
+    return Sniff(True, sniff_rank(head)) if recognizes(name, head) else Sniff(False)
 
 
 def sniff_rank(head: bytes) -> int | None:
@@ -760,3 +778,8 @@ def _table(r: _Rank, rank: int, names: dict[int, str], workers: np.ndarray) -> p
         "correlation": r.corr, "event_id": r.event_id, "wait_on_stream": r.wait_on,
         "task_type": _dictionary(r.cat, _CAT_NAMES), "step": step, "annotation": annotation,
     }, r.n)
+
+
+# --- registration (parsers.formats) ----------------------------------------------------------
+FORMAT = Format(name="kineto", looked_for=f"Kineto {' / '.join('*' + s for s in SUFFIXES)} traces",
+                parse=parse, wants=wants, sniff=sniff, suffixes=SUFFIXES)

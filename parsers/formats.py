@@ -1,0 +1,21 @@
+"""The registry of trace formats: the one place that lists them.
+
+Discovery (`parsers.bundle`) and `parsers.parse_rank` read `FORMATS` when they run, in its order:
+an earlier format takes its profiles first (an Ascend folder owns the JSON files inside it). A new
+format is one module defining `FORMAT = parsers.base.Format(...)` plus one line here.
+"""
+
+from __future__ import annotations
+
+from parsers import ascend, kineto
+from parsers.base import Format
+
+FORMATS: tuple[Format, ...] = (
+    ascend.FORMAT,
+    kineto.FORMAT,
+)
+
+
+def named(name: str) -> Format | None:
+    """The registered format called `name`, else None."""
+    return next((fmt for fmt in FORMATS if fmt.name == name), None)
