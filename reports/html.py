@@ -14,6 +14,7 @@ import plotly.graph_objects as go
 
 from reports.pipeline import pipeline_figure
 from reports.waterfall import MAX_SEGMENTS, waterfall
+from tracegraph import causes
 from tracegraph.analysis.analyze import PROGRESS_EVENTS
 from tracegraph.analysis.summary import summarize
 from tracegraph.progress import Progress
@@ -28,6 +29,7 @@ th, td { border: 1px solid #ddd; padding: 3px 8px; text-align: left; }
 td.n { text-align: right; font-variant-numeric: tabular-nums; }
 .kpi { display: inline-block; margin-right: 2em; } .kpi b { font-size: 1.3em; }
 .note { color: #666; font-size: 0.9em; }
+.swatch { display: inline-block; width: 0.8em; height: 0.8em; margin-right: 0.4em; }
 """
 
 
@@ -116,13 +118,20 @@ def _causes(bubbles: list[dict[str, object]]) -> str:
         note = f"<br><span class=\"note\">{escape(root['note'])}</span>" if root.get(
             "note") else ""
         body.append(
-            f"<tr><td>{number}</td><td>{escape(b['category'])}</td><td class=\"n\">"
+            f"<tr><td>{number}</td><td>{cause_label(b['category'])}</td><td class=\"n\">"
             f"{b['dur_ms']:.3f}</td><td>rank {b['rank']} · {escape(b['lane'])} · "
             f"{escape(b['name'])}</td><td class=\"n\">{b['start_ms']:.3f}</td>"
             f"<td>{root.get('rank', '')}</td><td>{escape(str(root.get('lane', '')))}</td>"
             f"<td>{escape(str(root.get('name', '')))}{note}</td>"
             f"<td>{' → '.join(map(str, b['chain']))}</td></tr>")
     return f"<table class=\"causes\">{head}{''.join(body)}</table>"
+
+
+def cause_label(name: str) -> str:
+    """A category as HTML: its waterfall colour, its name, its meaning on hover."""
+    cause = causes.get(name)
+    return (f"<span title=\"{escape(cause.meaning)}\"><span class=\"swatch\" "
+            f"style=\"background:{cause.color}\"></span>{escape(name)}</span>")
 
 
 def _overview(analysis, steps: list[int], pipeline) -> str:
@@ -142,13 +151,14 @@ def _overview(analysis, steps: list[int], pipeline) -> str:
 
 def _totals(analysis, step: int | None) -> str:
     summary = summarize(analysis, step=step, top=0)
-    blame = "".join(f"<tr><td>{escape(k)}</td><td class=\"n\">{v:.3f}</td></tr>"
+    blame = "".join(f"<tr><td>{cause_label(k)}</td><td class=\"n\">{v:.3f}</td>"
+                    f"<td>{escape(causes.get(k).meaning)}</td></tr>"
                     for k, v in summary["blame"].items())
     offsets = "".join(f"<tr><td>{r}</td><td class=\"n\">{ns / 1e3:+.1f}</td></tr>"
                       for r, ns in summary["clock_offsets_ns"].items())
     warnings = analysis.trace.warnings + summary["warnings"]
     parts = ["<h2>Totals</h2>", "<table class=\"blame\"><tr><th>category</th><th>bubble ms</th>"
-             f"</tr>{blame}</table>",
+             f"<th>meaning</th></tr>{blame}</table>",
              "<table class=\"offsets\"><tr><th>rank</th><th>clock offset applied (µs)</th>"
              f"</tr>{offsets}</table>"]
     if summary["slow_ranks"]:

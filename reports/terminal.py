@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import re
 from itertools import groupby
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
+
+from tracegraph import causes
+
+CATEGORY_WIDTH = max(map(len, causes.CATEGORIES))  # category names line up in chains
+_CATEGORY_WORDS = re.compile(r"\b(?:" + "|".join(map(re.escape, causes.CATEGORIES)) + r")\b")
 
 
 def print_analysis(console: Console, summary: dict[str, object]) -> None:
@@ -19,7 +26,7 @@ def print_analysis(console: Console, summary: dict[str, object]) -> None:
         console.print(table)
         if step["bubble_ms"]:
             cats = ", ".join(f"{k} {v:.1f} ms" for k, v in step["bubble_ms"].items())
-            console.print(f"  bubble time by cause: {cats}", highlight=False)
+            console.print(styled(f"  bubble time by cause: {cats}"), highlight=False)
     offsets = summary["clock_offsets_ns"]
     if any(offsets.values()):
         shown = ", ".join(f"rank {r}: {ns / 1e3:+.1f} µs" for r, ns in offsets.items())
@@ -30,7 +37,16 @@ def print_analysis(console: Console, summary: dict[str, object]) -> None:
     console.print(f"\n{len(summary['bubbles'])} of {total} bubbles, longest first:",
                   highlight=False)
     for bubble in summary["bubbles"]:
-        console.print(chain_text(bubble), highlight=False, soft_wrap=True)
+        console.print(styled(chain_text(bubble)), highlight=False, soft_wrap=True)
+
+
+def styled(line: str) -> Text:
+    """Text as it is (never read as rich markup: "[dp_reduction]" stays), each category name in
+    its report colour."""
+    text = Text(line)
+    for match in _CATEGORY_WORDS.finditer(line):
+        text.stylize(causes.color(match[0]), *match.span())
+    return text
 
 
 def chain_text(bubble: dict[str, object]) -> str:
@@ -46,7 +62,7 @@ def chain_text(bubble: dict[str, object]) -> str:
         note = f"  ({piece['note']})" if piece["note"] else ""
         lines.append(
             f"    {piece['start_ms']:.3f}–{piece['end_ms']:.3f} {piece['dur_ms']:9.3f} ms  "
-            f"{piece['category']:<17} rank {piece['rank']} {piece['lane']}  "
+            f"{piece['category']:<{CATEGORY_WIDTH}} rank {piece['rank']} {piece['lane']}  "
             f"{piece['name'][:60]}{note}")
     root = bubble.get("root") or {}
     if root.get("profile_ranks"):

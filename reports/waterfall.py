@@ -19,8 +19,8 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from tracegraph import schema
-from tracegraph.analysis.blame import UNKNOWN, Bubble
+from tracegraph import causes, schema
+from tracegraph.analysis.blame import Bubble
 
 OVERVIEW_PX = 1600  # plot width whose pixel is the merge resolution
 MAX_SEGMENTS = 60_000  # op blocks over all the figures of one page
@@ -35,11 +35,7 @@ KIND_COLORS = {
     schema.MEMCPY: "#8c6bb1", schema.COLLECTIVE: "#2ca02c", schema.P2P: "#17becf",
     schema.WAIT: "#b0b0b0", schema.RECORD: "#555555", schema.COMM_TASK: "#a1d99b",
 }
-CATEGORY_COLORS = {
-    schema.DP_REDUCTION: "#d62728", schema.PP_P2P: "#ff7f0e", schema.EP_ALLTOALL: "#e377c2",
-    schema.COMPUTE_STRAGGLER: "#8c564b", schema.HOST_LAUNCH: "#bcbd22",
-    schema.PIPELINE_FILL: "#f0b84a", UNKNOWN: "#7f7f7f",
-}
+CATEGORY_COLORS = causes.COLORS  # the bubble band's colours, one per root-cause category
 PATH_COLOR = "#111111"
 MAIN_LANES = "main lanes"
 OTHER_LANES = "comm planes & host threads"
@@ -216,10 +212,12 @@ def _add_bubbles(fig: go.Figure, bubbles: list[Bubble], rows: Rows, origin: int)
         "row": [_row_of(rows, b.rank, b.lane) for b, _ in pieces],
         "start": [p.start for _, p in pieces], "end": [p.end for _, p in pieces],
         "text": [_piece_text(b, p, origin) for b, p in pieces]})
-    for category, part in table[table["row"] >= 0].groupby("category", sort=False):
+    shown = table[table["row"] >= 0]
+    for category in causes.order(set(shown["category"])):
+        part = shown[shown["category"] == category]
         _segments_trace(fig, part["start"].to_numpy(), part["end"].to_numpy(),
                         part["row"].to_numpy(), part["text"].to_numpy(), origin,
-                        name=category, color=CATEGORY_COLORS.get(category, "#7f7f7f"),
+                        name=category, color=causes.color(category),
                         width=max(_bar_px(rows) / 2, 2), group=BUBBLES, offset=0.3)
 
 
@@ -271,7 +269,7 @@ def chain_arrows(bubbles: list[Bubble], rows: Rows, origin: int) -> list[dict[st
 
 def _arrow(number: int, link: int, bubble: Bubble, piece, tail, head, origin: int
            ) -> dict[str, object]:
-    color = CATEGORY_COLORS.get(piece.category, "#7f7f7f")
+    color = causes.color(piece.category)
     return {
         "name": f"chain {number}", "x": (head[0] - origin) / NS_PER_MS, "y": head[1],
         "ax": (tail[0] - origin) / NS_PER_MS, "ay": tail[1], "xref": "x", "yref": "y",

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import tracegraph
-from tracegraph import schema
+from tracegraph import causes, schema
 from tracegraph.analysis.analyze import Analysis, analyze
 
 
@@ -29,8 +29,8 @@ def test_rank1_sleep_is_the_root_of_the_long_waits(gloo: Analysis) -> None:
     assert {b.step for b in long} == {2, 3}
     for bubble in long:
         assert bubble.root.rank == 1 and bubble.root.name == "straggler_sleep"
-        assert bubble.category == schema.COMPUTE_STRAGGLER
-        assert bubble.by_category()[schema.COMPUTE_STRAGGLER] > 0.9 * bubble.dur
+        assert bubble.category == causes.COMPUTE_STRAGGLER
+        assert bubble.by_category()[causes.COMPUTE_STRAGGLER] > 0.9 * bubble.dur
         assert bubble.chain()[-1] == 1
     assert gloo.slow_ranks == {1}
 
@@ -85,7 +85,7 @@ def test_long_waits_are_charged_to_the_dp_reduction(ddp8: Analysis) -> None:
     long = [b for b in ddp8.bubbles if b.name == "EVENT_WAIT" and b.dur > 2e6]
     assert len(long) == 8
     for bubble in long:
-        assert bubble.category == schema.DP_REDUCTION
+        assert bubble.category == causes.DP_REDUCTION
         assert bubble.root.name.startswith("hcom_allReduce__586_")
 
 
@@ -102,4 +102,4 @@ def test_critical_path_runs_through_the_sleep(gloo: Analysis) -> None:
                        if s.rank == 1 and s.name == "straggler_sleep")
         assert on_sleep > 190e6  # the 200 ms sleep holds the step
         assert {s.kind for s in path if s.name == "straggler_sleep"} == {
-            schema.COMPUTE_STRAGGLER}
+            causes.COMPUTE_STRAGGLER}

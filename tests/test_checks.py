@@ -27,7 +27,7 @@ from typer.testing import CliRunner
 from parsers.base import GroupInfo, TraceError
 from tests.conftest import REAL, REPO
 from tests.test_blame_chain import mini_seed_trace, op
-from tracegraph import schema
+from tracegraph import causes, schema
 from tracegraph.analysis.analyze import Analysis, analyze
 from tracegraph.cli.app import app
 from tracegraph.loading.groups import groups_frame
@@ -186,7 +186,7 @@ def test_preset_passes_the_async_miniature() -> None:
 
 def test_generic_rules_on_the_miniature() -> None:
     rules = [
-        _rule("max_bubble", category="dp_reduction", ms=10),
+        _rule("max_bubble", category=causes.DP_REDUCTION, ms=10),
         _rule("max_group_wait", dim="dp", ms=10),
         _rule("max_group_wait", dim="pp", ms=100),
         _rule("max_step_time", ms=150)]

@@ -30,6 +30,7 @@ from tests.test_checks import (
     timeline,
     timeline_overlap,
 )
+from tracegraph import causes
 from tracegraph.analysis.analyze import analyze
 from tracegraph.loading.loader import load
 from tracegraph.verify.diff import compare, regressed_beyond, verdict
@@ -122,7 +123,7 @@ def test_miniature_fix_removes_the_cross_rank_reduction_chain() -> None:
     assert report["verdict"] == "improved"
     [gone] = report["chains"]["disappeared"]  # rank 0 waited on rank 1's AllReduce
     assert (gone["rank"], gone["category"], gone["root"]) == (  # instance numbers _0_1 dropped
-        0, "dp_reduction", {"rank": 1, "lane": "stream 52", "op": "hcom_allReduce__dp1"})
+        0, causes.DP_REDUCTION, {"rank": 1, "lane": "stream 52", "op": "hcom_allReduce__dp1"})
     assert gone["chain"] == [0, 1] and gone["before_ms"] == pytest.approx(90.0, abs=1e-3)
     # rank 1's own reduction wait: 40.0001 → 89.999 ms before, the drain 120 → 130 ms after
     [shrank] = report["chains"]["shrank"]
@@ -167,13 +168,13 @@ def test_seed_fix_diff_on_ascend_reports_gain_overlap_and_checks(tmp_path: Path)
     assert dp["after"] == pytest.approx(timeline_overlap("async"), abs=0.005)
     # the seed's chain: rank 4096 waited on 8192, which waited on 12288's HSDP AllReduce tails
     assert any(c["rank"] == 4096 and c["chain"] == [4096, 8192, 12288]
-               and c["category"] == "dp_reduction" for c in report["chains"]["disappeared"])
+               and c["category"] == causes.DP_REDUCTION for c in report["chains"]["disappeared"])
     assert [(c["before"]["passed"], c["after"]["passed"]) for c in report["checks"]] == [
         (False, True)] * 3
     assert "| DP reduction overlaps main-lane compute | FAIL | pass |" in md.read_text()
     suite = validated(xml)
     assert suite["@failures"] == 0
-    assert case_names(suite) >= {"step_time", "overlap.dp", "bubble.dp_reduction",
+    assert case_names(suite) >= {"step_time", "overlap.dp", f"bubble.{causes.DP_REDUCTION}",
                                  "P2P posted before the stage reduction completes"}
 
 

@@ -15,7 +15,7 @@ import pytest
 import tracegraph
 from tests.conftest import SAMPLES
 from tests.ground_truth_eval import agreement
-from tracegraph import schema
+from tracegraph import causes, schema
 from tracegraph.analysis.analyze import Analysis, analyze
 from tracegraph.simulate import simulate
 from tracegraph.simulate.bundle_writer import write_bundle
@@ -67,14 +67,14 @@ def test_seed_wait_and_its_chain(fmt: str, tmp_path: Path) -> None:
     assert wait.lane == "stream 47"
     assert wait.chain() == [4096, 8192, 12288] == expected["chain"]
     charged = wait.by_category()
-    assert wait.category == schema.DP_REDUCTION
+    assert wait.category == causes.DP_REDUCTION
     # DESIGN example: ≈237.5 ms (8192 waits for 12288's reduction tails) + ≈132.8 ms (8192's own
     # 32-rank AllReduce) to the HSDP reduction, ≈103 ms of 8192's BWD to the pipeline
-    for category in (schema.DP_REDUCTION, schema.PIPELINE_FILL, schema.PP_P2P):
+    for category in (causes.DP_REDUCTION, causes.PIPELINE_FILL, causes.PP_P2P):
         truth_ms = sum(p["end_ms"] - p["start_ms"] for p in expected["intervals"]
                        if p["category"] == category)
         assert abs(charged.get(category, 0) / 1e6 - truth_ms) < 1.0, category
-    assert 360 < charged[schema.DP_REDUCTION] / 1e6 < 380
+    assert 360 < charged[causes.DP_REDUCTION] / 1e6 < 380
     assert "unprofiled members of group" in wait.root.note
 
 
@@ -82,16 +82,16 @@ def test_seed_wait_and_its_chain(fmt: str, tmp_path: Path) -> None:
 def test_async_fix_removes_the_chain(fmt: str, tmp_path: Path) -> None:
     analysis, _ = analysed(f"hsdp-straggler-async-{fmt}", tmp_path)
     seed_like = [b for b in analysis.bubbles
-                 if b.rank == 4096 and b.dur > 100e6 and b.category == schema.DP_REDUCTION]
+                 if b.rank == 4096 and b.dur > 100e6 and b.category == causes.DP_REDUCTION]
     assert not seed_like
     assert all(b.chain() != [4096, 8192, 12288] for b in analysis.bubbles if b.dur > 10e6)
 
 
 def test_compute_straggler_is_named(tmp_path: Path) -> None:
     analysis, truth = analysed("pp-compute-straggler-ascend", tmp_path)
-    slow = {c["ranks"][0] for c in truth["causes"] if c["category"] == schema.COMPUTE_STRAGGLER}
+    slow = {c["ranks"][0] for c in truth["causes"] if c["category"] == causes.COMPUTE_STRAGGLER}
     roots = {b.root.rank for b in analysis.bubbles
-             if b.category == schema.COMPUTE_STRAGGLER and b.dur > 5e6}
+             if b.category == causes.COMPUTE_STRAGGLER and b.dur > 5e6}
     assert roots == slow == {2}
 
 
@@ -121,5 +121,5 @@ def test_seed_critical_path_crosses_every_stage(fmt: str, tmp_path: Path) -> Non
     covered = sum(s.end - s.start for s in path)
     assert covered > 0.99 * (steps["end"].max() - steps["start"].min())
     assert {s.rank for s in path} == {0, 4096, 8192, 12288}
-    reduction = sum(s.end - s.start for s in path if s.kind == schema.DP_REDUCTION)
+    reduction = sum(s.end - s.start for s in path if s.kind == causes.DP_REDUCTION)
     assert reduction > 300e6  # the HSDP tails of 12288 and 8192 lie on the path

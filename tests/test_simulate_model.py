@@ -17,19 +17,15 @@ import pandas as pd
 import pytest
 
 from parsers.classify import double_hash, parse_hccl_name
-from tracegraph.schema import (
-    COLLECTIVE,
-    COMPUTE,
+from tracegraph.causes import (
     COMPUTE_STRAGGLER,
     DP_REDUCTION,
     EP_ALLTOALL,
     HOST_LAUNCH,
-    P2P,
     PIPELINE_FILL,
     PP_P2P,
-    RECORD,
-    WAIT,
 )
+from tracegraph.schema import COLLECTIVE, COMPUTE, P2P, RECORD, WAIT
 from tracegraph.simulate import SCENARIOS, simulate
 from tracegraph.simulate import schedule as sch
 from tracegraph.simulate.model import Engine

@@ -23,6 +23,7 @@ import pytest
 
 from parsers.base import GroupInfo
 from parsers.classify import double_hash
+from tracegraph import causes
 from tracegraph.simulate import write_ascend, write_kineto
 from tracegraph.simulate.bundle_writer import EPOCH_NS, joined, write_bundle
 from tracegraph.simulate.timeline import TIMELINE_COLUMNS, StepSpan, Timeline
@@ -79,7 +80,7 @@ def hand_timeline() -> Timeline:
               "pp": GroupInfo("pp", "group_name_19", "pp", (0, 1))}
     steps = [StepSpan(r, 1, 0, 1_000_000) for r in range(4)]
     return Timeline("hand", {"world_size": 4}, ops, groups, steps, dict(OFFSETS),
-                    ground_truth={"causes": [{"rank": 1, "category": "pp_p2p"}]})
+                    ground_truth={"causes": [{"rank": 1, "category": causes.PP_P2P}]})
 
 
 def local_ns(rank: int, true_ns: int) -> int:
@@ -497,7 +498,7 @@ def test_bundle_is_deterministic_with_ground_truth_beside(fmt, timeline, tmp_pat
     gt = json.loads(truth.read_text())
     assert gt["groups"]["pp"]["id"] == (PP_HASH if fmt == "ascend" else "2")
     assert gt["clock_offset_ns"] == {str(r): o for r, o in OFFSETS.items()}
-    assert gt["causes"] == [{"rank": 1, "category": "pp_p2p"}]
+    assert gt["causes"] == [{"rank": 1, "category": causes.PP_P2P}]
     assert all(any(n.startswith(f"hand/{root}") for n in names) for root in gt["ranks"].values())
 
 

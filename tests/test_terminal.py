@@ -7,6 +7,7 @@ from pathlib import Path
 import tracegraph
 from reports.terminal import chain_text, merged_intervals
 from tests.conftest import SAMPLES
+from tracegraph import causes
 from tracegraph.analysis.analyze import analyze
 from tracegraph.analysis.summary import summarize
 
@@ -21,7 +22,7 @@ def test_chain_folds_runs_on_one_lane_into_a_line(cache_dir: Path) -> None:
     total = sum(p["dur_ms"] for p in top["intervals"])
     assert abs(sum(p["dur_ms"] for p in lines) - total) < 1e-6  # no time lost in the merge
     sleep = max(lines, key=lambda p: p["dur_ms"])
-    assert sleep["rank"] == 1 and sleep["category"] == "compute_straggler"
+    assert sleep["rank"] == 1 and sleep["category"] == causes.COMPUTE_STRAGGLER
     assert sleep["name"].startswith("straggler_sleep") and sleep["dur_ms"] > 195
     text = chain_text(top)
     assert text.count("\n") == len(lines) + 1 and "straggler_sleep +" in text

@@ -45,6 +45,7 @@ COMM_TYPES = (
     "recv",
     "batch_send_recv",
 )
+P2P_COMMS = frozenset({"send", "recv", "batch_send_recv"})  # the point-to-point COMM_TYPES
 
 EVENTS = pa.schema(
     [

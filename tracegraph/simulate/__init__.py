@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tracegraph.simulate import scenarios
+from tracegraph.simulate import ground_truth, scenarios
 from tracegraph.simulate.model import Job
 from tracegraph.simulate.scenarios import SCENARIOS, Scenario
 from tracegraph.simulate.timeline import Timeline
@@ -12,4 +12,7 @@ __all__ = ["SCENARIOS", "Scenario", "Timeline", "simulate"]
 
 def simulate(scenario: str, *, seed: int = 0, **overrides: object) -> Timeline:
     """Simulate a named scenario (fields overridable by name) with a seeded, deterministic model."""
-    return Job(scenarios.scenario(scenario, **overrides), seed).build()
+    job = Job(scenarios.scenario(scenario, **overrides), seed)
+    timeline = job.build()
+    timeline.ground_truth = ground_truth.build(job, timeline)
+    return timeline

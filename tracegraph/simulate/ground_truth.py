@@ -16,20 +16,15 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from tracegraph.schema import (
-    COLLECTIVE,
-    COMPUTE,
+from tracegraph.causes import (
     COMPUTE_STRAGGLER,
     DP_REDUCTION,
     EP_ALLTOALL,
     HOST_LAUNCH,
-    MEMCPY,
-    P2P,
     PIPELINE_FILL,
-    PP_P2P,
-    RECORD,
-    WAIT,
+    for_collective,
 )
+from tracegraph.schema import COLLECTIVE, COMPUTE, MEMCPY, P2P, RECORD, WAIT
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -38,7 +33,6 @@ if TYPE_CHECKING:
     from tracegraph.simulate.timeline import Timeline
 
 MS = 1_000_000
-DIM_CATEGORY = {"pp": PP_P2P, "dp": DP_REDUCTION, "ep": EP_ALLTOALL}
 COUNTED_KINDS = (COMPUTE, WAIT, RECORD, COLLECTIVE, P2P, MEMCPY)
 
 
@@ -55,7 +49,7 @@ class Piece(NamedTuple):
 def build(job: Job, timeline: Timeline) -> dict[str, object]:
     """The ground_truth dict of a run (see the module docstring for the bubble semantics)."""
     sc = job.sc
-    explainer = Explainer({g: DIM_CATEGORY.get(info.desc, "") for g, info in job.groups.items()})
+    explainer = Explainer({g: info.desc for g, info in job.groups.items()})
     names = KernelNames(timeline.ops)
     bubbles = []
     lanes = [lane for (_, stream), lane in sorted(job.eng.streams.items())
@@ -92,8 +86,8 @@ def find_bubbles(lane: list[Op], threshold: int) -> list[tuple[str, Op, int, int
 class Explainer:
     """Walks a bubble backward along binding dependencies, charging every part of it."""
 
-    def __init__(self, group_category: dict[str, str]):
-        self.group_category = group_category
+    def __init__(self, group_dims: dict[str, str]):
+        self.group_dims = group_dims  # group -> its parallel dimension (the simulator's desc)
 
     def run(self, item: tuple[str, Op, int, int]) -> tuple[list[Piece], list[int]]:
         """Pieces tiling the item's interval, and the ranks met in causal (depth-first) order."""
@@ -115,7 +109,7 @@ class Explainer:
     def category(self, op: Op) -> str:
         """What executing `op` is charged to."""
         if op.kind in (P2P, COLLECTIVE):
-            return self.group_category.get(op.group) or (PP_P2P if op.kind == P2P else DP_REDUCTION)
+            return for_collective(self.group_dims.get(op.group, ""), op.comm)
         return COMPUTE_STRAGGLER if op.slow else PIPELINE_FILL
 
     def _finish(self, op: Op, a: int, b: int, pieces: list, stack: list) -> None:

@@ -23,7 +23,6 @@ import pyarrow as pa
 from parsers.base import GroupInfo
 from parsers.classify import double_hash
 from tracegraph.schema import COLLECTIVE, COMPUTE, MEMCPY, P2P, RECORD, WAIT
-from tracegraph.simulate import ground_truth
 from tracegraph.simulate import schedule as sch
 from tracegraph.simulate.timeline import TIMELINE_COLUMNS, StepSpan, Timeline
 
@@ -548,7 +547,8 @@ class Job:
 
     # --- output ---------------------------------------------------------------------------
     def build(self) -> Timeline:
-        """Issue every rank's steps, run the engine, and pack the Timeline with ground truth."""
+        """Issue every rank's steps, run the engine, and pack the Timeline (its ground truth is
+        `ground_truth.build(job, timeline)`'s, filled in by `tracegraph.simulate.simulate`)."""
         sc = self.sc
         for step in range(sc.first_step, sc.first_step + sc.steps):
             for place in self.places:
@@ -558,7 +558,6 @@ class Job:
         timeline = Timeline(scenario=sc.name, params=params, ops=self._frame(),
                             groups=self.groups, steps=self._steps(), clock_offset_ns=self._clocks(),
                             compute_stream=sc.compute_stream)
-        timeline.ground_truth = ground_truth.build(self, timeline)
         return timeline
 
     def _steps(self) -> list[StepSpan]:

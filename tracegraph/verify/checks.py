@@ -12,7 +12,8 @@ A rules file:
 
 Rule types (times in ms on the aligned clock, per step unless said otherwise):
 - max_step_time(ms): the slowest rank's step time, every step.
-- max_bubble(category, ms): bubble time charged to a root-cause category, per rank and step.
+- max_bubble(category, ms): bubble time charged to a root-cause category (tracegraph.causes),
+  per rank and step.
 - max_group_wait(dim, ms): the longest single main-lane wait released directly by communication
   of a group kind (dp, pp, ep).
 - no_reduction_wait_before_p2p(max_ms, within_ms): no main-lane wait longer than max_ms released
@@ -38,8 +39,7 @@ import numpy as np
 import pandas as pd
 
 from parsers.base import TraceError
-from parsers.classify import P2P_COMMS
-from tracegraph import schema
+from tracegraph import causes, schema
 from tracegraph.analysis.analyze import Analysis
 from tracegraph.analysis.blame import Bubble
 from tracegraph.verify import metrics
@@ -167,7 +167,7 @@ def _validate(rule: Rule, path: Path) -> None:
                                      + [f"unknown {', '.join(unknown)}"] * bool(unknown)))
     for key, value in rule.params.items():
         if key in ("dim", "category"):
-            allowed = _DIMS if key == "dim" else schema.CATEGORIES
+            allowed = _DIMS if key == "dim" else causes.CATEGORIES
             if value not in allowed:
                 raise TraceError(f"{path}: rule {rule.type}: {key} must be one of "
                                  f"{', '.join(allowed)}, not {value!r}")
@@ -213,10 +213,14 @@ class Facts:
         merely waited in line behind an earlier transfer on their stream (host calls on CPU
         ranks)."""
         frame, start = self.analysis.ops.frame, self.times[0]
-        p2p = np.flatnonzero((frame["comm"].isin(P2P_COMMS)
+        p2p = np.flatnonzero((frame["comm"].isin(schema.P2P_COMMS)
                               & frame["kind"].isin([schema.P2P, schema.HOST])).to_numpy())
         posted = p2p[~_queued(self.analysis, p2p, start, self.times[1])]
         return _by_rank(frame["rank"].to_numpy(), posted, start)
+
+    @cached_property
+    def reductions(self) -> frozenset[str]:
+        return metrics.reduction_names(self.analysis)
 
     @cached_property
     def stage_reductions(self) -> list[tuple[int, int, int, np.ndarray]]:
@@ -343,7 +347,7 @@ def max_bubble(facts: Facts, category: str, ms: float) -> CheckResult:
 
 
 def max_group_wait(facts: Facts, dim: str, ms: float) -> CheckResult:
-    category = metrics.category_of_dim(dim)
+    category = causes.for_dim(dim)
     waits = [b for b in facts.analysis.bubbles
              if (piece := metrics.releaser(b)) is not None and piece.category == category]
     found = [facts.violation(b.rank, b.step, _bubble_text(facts, b), b.start, b.end)
@@ -357,7 +361,8 @@ def no_reduction_wait_before_p2p(facts: Facts, max_ms: float, within_ms: float) 
     found, longest = [], 0.0
     for bubble in facts.analysis.bubbles:
         piece = metrics.releaser(bubble)
-        if piece is None or not metrics.is_reduction(piece) or bubble.dur / NS_PER_MS <= max_ms:
+        if (piece is None or not metrics.is_reduction(piece, facts.reductions)
+                or bubble.dur / NS_PER_MS <= max_ms):
             continue
         p2p = facts.first_p2p_after(bubble.rank, bubble.end - metrics.SETTLE_NS)
         gap = (facts.times[0][p2p] - bubble.end) / NS_PER_MS if p2p >= 0 else np.inf

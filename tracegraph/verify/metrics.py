@@ -13,18 +13,16 @@ import re
 import numpy as np
 import pandas as pd
 
-from parsers.classify import P2P_COMMS, comm_type, parse_hccl_name
-from tracegraph import schema
+from tracegraph import causes, schema
 from tracegraph.analysis.analyze import Analysis
 from tracegraph.analysis.blame import Bubble, Interval
 
 NS_PER_MS = 1e6
 REDUCTIONS = frozenset({"allreduce", "reducescatter", "reduce"})
-DIMS = ("dp", "pp", "ep", "tp", "cp")
+DIMS = causes.DIMS  # dp, pp, ep, tp, cp
 SETTLE_NS = 50_000  # pieces this short at a wait's end (a record, a wake-up) do not release it
 SETTLE_SHARE = 0.01  # ... nor pieces under this share of the wait
-_DIM_CATEGORY = {"dp": schema.DP_REDUCTION, "pp": schema.PP_P2P, "ep": schema.EP_ALLTOALL}
-_INSTANCE = re.compile(r"(?:[_@#]\d+)+$")
+_INSTANCE = re.compile(r"(?:[_@#]\d+)+(?:@[^@\s]+)?$")  # "_982_37_1@<group>", "#3", "_12"
 _THREAD_ID = re.compile(r"^thread \d+")
 
 
@@ -111,7 +109,7 @@ def comm_dims(analysis: Analysis) -> np.ndarray:
     dims = frame["group"].map(known).fillna("")
     dims = dims.where(dims.isin(DIMS), "").to_numpy()
     fallback = np.where(frame["comm"] == "alltoall", "ep",
-                        np.where(frame["comm"].isin(P2P_COMMS), "pp", "dp"))
+                        np.where(frame["comm"].isin(schema.P2P_COMMS), "pp", "dp"))
     dims = np.where(dims == "", fallback, dims)
     is_comm = frame["kind"].isin([schema.COLLECTIVE, schema.P2P]).to_numpy()
     return np.where(is_comm, dims, "")
@@ -210,20 +208,21 @@ def releaser(bubble: Bubble) -> Interval | None:
     return pieces[-1] if pieces else None
 
 
-def category_of_dim(dim: str) -> str:
-    """The blame category communication of a group kind is charged to ("" for tp, cp ...)."""
-    return _DIM_CATEGORY.get(dim, "")
+def reduction_names(analysis: Analysis) -> frozenset[str]:
+    """Names of the ops whose comm type is a reduction (AllReduce, ReduceScatter, Reduce)."""
+    frame = analysis.ops.frame
+    return frozenset(frame.loc[frame["comm"].isin(REDUCTIONS), "name"].unique())
 
 
-def is_reduction(piece: Interval) -> bool:
-    """Whether a blamed piece is a DP-dimension reduction (AllReduce, ReduceScatter, Reduce)."""
-    return piece.category == schema.DP_REDUCTION and comm_type(piece.name) in REDUCTIONS
+def is_reduction(piece: Interval, reductions: frozenset[str]) -> bool:
+    """Whether a blamed piece is a DP-dimension reduction; `reductions`: reduction_names."""
+    return piece.category == causes.DP_REDUCTION and piece.name in reductions
 
 
 def op_family(name: str) -> str:
-    """An op name without its instance numbers: `hcom_allReduce__982_37_1@123` → hcom_allReduce."""
-    hccl = parse_hccl_name(name)
-    return hccl.op if hccl else _INSTANCE.sub("", name).rstrip("_") or name
+    """An op name without its instance numbers (and the group after them, as in HCCL names):
+    `hcom_allReduce__982_37_1@123` → hcom_allReduce, `ProfilerStep#3` → ProfilerStep."""
+    return _INSTANCE.sub("", name).rstrip("_") or name
 
 
 def lane_family(lane: str) -> str:
