@@ -11,9 +11,7 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
-from tracegraph.schema import COLLECTIVE, P2P
-
-P2P_COMMS = frozenset({"send", "recv", "batch_send_recv"})
+from tracegraph.schema import COLLECTIVE, P2P, P2P_COMMS
 
 _PREFIXES = ("hcom_", "hccl_", "c10d::", "nccl:", "gloo:", "rccl:", "ncclkernel_",
              "nccldevkernel_", "_")

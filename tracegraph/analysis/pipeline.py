@@ -36,7 +36,7 @@ _BLOCK = re.compile(
     r"(?:mb|micro_?batch)?[\s=_:#-]*(?P<mb>\d+)"
     r"(?:.*?(?:chunk|vpp|model_chunk)[\s=_:#-]*(?P<chunk>\d+))?", re.IGNORECASE)
 _WORK_KINDS = (schema.COMPUTE, schema.HOST, schema.MEMCPY)
-_P2P_COMMS = ("send", "recv", "batch_send_recv")
+_P2P_COMMS = tuple(schema.P2P_COMMS)
 _BOUNDARY_KINDS = (schema.P2P, schema.COLLECTIVE, schema.WAIT, schema.RECORD)
 
 
