@@ -239,7 +239,8 @@ def _add_path(fig: go.Figure, path: list, rows: Rows, resolution: float, origin:
     keep = row >= 0
     order = np.lexsort((start[keep], row[keep]))
     row, start, end = row[keep][order], start[keep][order], end[keep][order]
-    names = np.array([f"{s.name} ({s.kind}, rank {s.rank})" for s in path], dtype=object)
+    names = np.array([f"{s.name} ({s.kind}, {s.category}, rank {s.rank})" for s in path],
+                     dtype=object)
     names = names[keep][order]
     blocks = merge_blocks(row, start, end, np.zeros(len(row), dtype=np.int64), resolution,
                           MAX_BUBBLE_PIECES)

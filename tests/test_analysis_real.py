@@ -81,11 +81,11 @@ def test_clock_offset_between_the_two_ranks(ddp8: Analysis) -> None:
         assert max(ends) - min(ends) < 10_000  # aligned: the allreduce ends together
 
 
-def test_long_waits_are_charged_to_the_dp_reduction(ddp8: Analysis) -> None:
+def test_long_waits_are_charged_to_the_allreduce(ddp8: Analysis) -> None:
     long = [b for b in ddp8.bubbles if b.name == "EVENT_WAIT" and b.dur > 2e6]
     assert len(long) == 8
-    for bubble in long:
-        assert bubble.category == causes.DP_REDUCTION
+    for bubble in long:  # the profile does not say the group is DP: no category assumed
+        assert bubble.category == causes.COLLECTIVE
         assert bubble.root.name.startswith("hcom_allReduce__586_")
 
 
@@ -101,5 +101,5 @@ def test_critical_path_runs_through_the_sleep(gloo: Analysis) -> None:
         on_sleep = sum(s.end - s.start for s in path
                        if s.rank == 1 and s.name == "straggler_sleep")
         assert on_sleep > 190e6  # the 200 ms sleep holds the step
-        assert {s.kind for s in path if s.name == "straggler_sleep"} == {
+        assert {s.category for s in path if s.name == "straggler_sleep"} == {
             causes.COMPUTE_STRAGGLER}

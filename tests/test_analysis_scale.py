@@ -7,7 +7,7 @@ import pandas as pd
 
 import tracegraph
 from tests.conftest import SAMPLES
-from tracegraph.analysis.analyze import median_of_others
+from tracegraph.analysis.stragglers import median_of_others
 from tracegraph.graph.ops import STRING_COLUMNS, build_ops, restore_strings, shared_strings
 
 

@@ -11,7 +11,7 @@ among unprofiled members, 90.01–99.5 the P2P transfer itself.
 from __future__ import annotations
 
 from tests.builder import MS, TraceBuilder
-from tracegraph import schema
+from tracegraph import causes
 from tracegraph.analysis.analyze import analyze
 from tracegraph.loading.trace import Trace
 
@@ -66,11 +66,11 @@ def test_wait_is_charged_along_the_chain() -> None:
     wait = next(b for b in analysis.bubbles if b.rank == 0 and b.name == "EVENT_WAIT")
     assert wait.dur == 90 * MS
     charged = wait.by_category()
-    assert abs(charged[schema.PIPELINE_FILL] - 30 * MS) < 0.05 * MS
-    assert abs(charged[schema.DP_REDUCTION] - 49.9 * MS) < 0.1 * MS
+    assert abs(charged[causes.PIPELINE_FILL] - 30 * MS) < 0.05 * MS
+    assert abs(charged[causes.DP_REDUCTION] - 49.9 * MS) < 0.1 * MS
     assert sum(charged.values()) == wait.dur
-    assert abs(charged[schema.PP_P2P] - 9.49 * MS) < 0.1 * MS
-    assert wait.category == schema.DP_REDUCTION
+    assert abs(charged[causes.PP_P2P] - 9.49 * MS) < 0.1 * MS
+    assert wait.category == causes.DP_REDUCTION
     assert wait.chain() == [0, 1]
     assert wait.root.rank == 1 and wait.root.name.startswith("hcom_allReduce")
     assert "31 unprofiled members of group dp1" in wait.root.note
@@ -80,7 +80,7 @@ def test_clock_offset_is_estimated_and_removed() -> None:
     analysis = analyze(mini_seed_trace(offset_ms=0.080))
     assert abs(analysis.offsets[1] - 80_000) < 1_000
     wait = next(b for b in analysis.bubbles if b.rank == 0 and b.name == "EVENT_WAIT")
-    assert abs(wait.by_category()[schema.DP_REDUCTION] - 49.9 * MS) < 0.1 * MS
+    assert abs(wait.by_category()[causes.DP_REDUCTION] - 49.9 * MS) < 0.1 * MS
 
 
 def test_critical_path_runs_through_the_reduction() -> None:
@@ -116,4 +116,4 @@ def test_recorded_stream_wait_releases_when_its_stream_reaches_it() -> None:
     analysis = analyze(b.trace("mini"))
     wait = next(b for b in analysis.bubbles if b.rank == 0 and b.name == "SendRecv")
     assert [(p.start - BASE, p.end - BASE, p.category, p.rank) for p in wait.intervals] == [
-        (1 * MS, 10 * MS, schema.PIPELINE_FILL, 1), (10 * MS, 12 * MS, schema.PP_P2P, 0)]
+        (1 * MS, 10 * MS, causes.PIPELINE_FILL, 1), (10 * MS, 12 * MS, causes.PP_P2P, 0)]

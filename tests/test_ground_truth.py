@@ -121,5 +121,5 @@ def test_seed_critical_path_crosses_every_stage(fmt: str, tmp_path: Path) -> Non
     covered = sum(s.end - s.start for s in path)
     assert covered > 0.99 * (steps["end"].max() - steps["start"].min())
     assert {s.rank for s in path} == {0, 4096, 8192, 12288}
-    reduction = sum(s.end - s.start for s in path if s.kind == causes.DP_REDUCTION)
+    reduction = sum(s.end - s.start for s in path if s.category == causes.DP_REDUCTION)
     assert reduction > 300e6  # the HSDP tails of 12288 and 8192 lie on the path

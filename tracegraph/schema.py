@@ -137,12 +137,3 @@ def events_table(columns: dict[str, object], rows: int) -> pa.Table:
         arrays.append(pa.array(values, type=field.type) if not isinstance(values, pa.Array)
                       else values.cast(field.type))
     return pa.Table.from_arrays(arrays, schema=EVENTS)
-
-# --- root-cause categories a bubble is charged to (blame, ground truth, reports, checks) ------
-DP_REDUCTION = "dp_reduction"  # straggling DP / HSDP / FSDP AllReduce or ReduceScatter
-PP_P2P = "pp_p2p"  # pipeline send/recv: a late peer
-EP_ALLTOALL = "ep_alltoall"  # expert-parallel all-to-all dispatch / combine
-COMPUTE_STRAGGLER = "compute_straggler"  # a rank whose compute is slower than its peers
-HOST_LAUNCH = "host_launch"  # the device idles because the host enqueued late
-PIPELINE_FILL = "pipeline_fill"  # inherent pipeline warm-up / cool-down (expected)
-CATEGORIES = (DP_REDUCTION, PP_P2P, EP_ALLTOALL, COMPUTE_STRAGGLER, HOST_LAUNCH, PIPELINE_FILL)

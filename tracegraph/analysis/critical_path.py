@@ -1,42 +1,100 @@
-"""Critical path of a step by the binding-predecessor walk.
+"""The critical path of each step: the binding walk over the whole step of its slowest rank.
 
-From the op that ends the step last, walk back through whatever held each moment of the step:
-the op's own execution, then, before it started, its binding predecessor — the previous op on its
-lane, or the cross dependency satisfied last (the record it waited on, the peer that posted late,
-the member of a collective that arrived last, the stream wait that gated it, the host op that
-launched it or the device op that freed the host). The walk is the blame walk (blame.py) over the
-whole step, so the path and the bubble charges agree; it alternates between work and waits and
-crosses streams, threads and ranks.
+From the op of that rank ending last in the step, back to the step's start, the walk (walk.py)
+says at every instant which op held the step; its pieces become segments, each with what the op
+was doing (`kind`: compute, transfer, wait) and the root cause blame charges it to (`category`,
+from the labeller the caller passes: this module does not depend on blame). The segments tile the
+step, so the path's length is the step time of its slowest rank on aligned clocks.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 
-from tracegraph.analysis.blame import Blamer
+from tracegraph import causes
+from tracegraph.analysis.walk import (
+    RAN,
+    STEP_TAIL,
+    WAIT,
+    WAITING,
+    BindingWalk,
+    Piece,
+    fold_slivers,
+)
+
+NO_OP = "no op of the rank runs in this step"
 
 
 @dataclass
 class PathSegment:
-    """A stretch of the critical path: the op holding the step then, and why (its category)."""
+    """A stretch of the critical path: the op holding the step then, what it was doing (`kind`:
+    compute, transfer or wait) and the root cause blame charges it to (`category`)."""
 
     rank: int
     lane: str
     name: str
-    kind: str  # the blame category of the stretch: pipeline_fill, dp_reduction, pp_p2p, ...
+    kind: str
+    category: str
     start: int
     end: int
+    note: str = ""
+    op: int = -1  # the op (node of the DepGraph) holding the step then
 
 
-def critical_path(blamer: Blamer, candidates: np.ndarray, window: tuple[int, int]
-                  ) -> list[PathSegment]:
-    """The binding chain ending at the latest-ending op among `candidates`, within `window`."""
-    lo, hi = window
-    if not len(candidates):
+def step_windows_of_slowest(steps: pd.DataFrame) -> list[tuple[int, int, int, int]]:
+    """(step, rank, start, end) of each step's slowest rank (longest step on aligned clocks)."""
+    if not len(steps):
         return []
-    last = int(candidates[np.argmax(blamer.end[candidates])])
-    pieces = blamer.history(last, lo, min(int(blamer.end[last]), hi))
-    return [PathSegment(rank=p.rank, lane=p.lane, name=p.name, kind=p.category, start=p.start,
-                        end=p.end) for p in pieces]
+    spans = steps.assign(dur=steps["end"] - steps["start"]).sort_values(
+        ["step", "dur", "rank"], ascending=[True, False, True]).drop_duplicates("step")
+    return [(int(s), int(r), int(a), int(b)) for s, r, a, b in
+            spans[["step", "rank", "start", "end"]].itertuples(index=False)]
+
+
+def critical_path(walk: BindingWalk, rank: int | None, window: tuple[int, int],
+                  label: Callable[[Piece], str]) -> list[PathSegment]:
+    """The binding chain that ends `rank`'s step `window` (every rank's ops when rank is None):
+    from the op of the rank ending last in the window, back to the window's start. The segments
+    tile the window: a step-marker tail after the last op is its own segment."""
+    lo, hi = window
+    graph = walk.graph
+    mine = np.flatnonzero((graph.end > lo) & (graph.start < hi)
+                          & ((graph.rank == rank) if rank is not None else True))
+    if not len(mine):  # nothing of the rank ran: the step cannot be explained
+        return [PathSegment(rank=-1 if rank is None else rank, lane="", name="", kind=WAIT,
+                            category=causes.UNKNOWN, start=lo, end=hi, note=NO_OP)] if hi > lo \
+            else []
+    ends = np.minimum(graph.end[mine], hi)
+    last = int(mine[np.lexsort((mine, ends))[-1]])
+    stop = int(min(graph.end[last], hi))
+    pieces = walk.history(last, lo, stop)
+    if stop < hi:
+        pieces.append(Piece(last, stop, hi, STEP_TAIL))
+    return _segments(walk, pieces, label)
+
+
+def _segments(walk: BindingWalk, pieces: list[Piece], label: Callable[[Piece], str]
+              ) -> list[PathSegment]:
+    """Pieces as segments, slivers folded into their neighbour, runs of one op kind, category,
+    rank and lane joined."""
+    graph = walk.graph
+    segments: list[PathSegment] = []
+    for piece in fold_slivers(pieces):
+        op = piece.op
+        seg = PathSegment(rank=int(graph.rank[op]), lane=str(graph.lane[op]),
+                          name=str(graph.name[op]), kind=walk.kind_of(piece),
+                          category=label(piece), start=piece.start, end=piece.end,
+                          note="" if piece.why in (RAN, WAITING) else piece.why, op=op)
+        last = segments[-1] if segments else None
+        if last and (last.rank, last.lane, last.kind, last.category) == (
+                seg.rank, seg.lane, seg.kind, seg.category) and seg.start - last.end <= 1_000:
+            if seg.end - seg.start > last.end - last.start:
+                last.name, last.note, last.op = seg.name, seg.note, seg.op
+            last.end = max(last.end, seg.end)
+        else:
+            segments.append(seg)
+    return segments

@@ -76,24 +76,18 @@ def _interval(piece: Interval, origin: int) -> dict[str, object]:
 
 
 def _path(path: list[PathSegment], origin: int) -> dict[str, object]:
-    by_category: dict[str, float] = {}
-    by_rank: dict[str, float] = {}
-    by_lane: dict[str, float] = {}
-    for seg in path:
-        ms = (seg.end - seg.start) / NS_PER_MS
-        by_category[seg.kind] = by_category.get(seg.kind, 0.0) + ms
-        by_rank[str(seg.rank)] = by_rank.get(str(seg.rank), 0.0) + ms
-        lane = f"{seg.rank}/{seg.lane}"
-        by_lane[lane] = by_lane.get(lane, 0.0) + ms
-
-    def rounded(d: dict[str, float]) -> dict[str, float]:
-        return {k: round(v, 3) for k, v in sorted(d.items(), key=lambda kv: -kv[1])}
+    def total(key) -> dict[str, float]:
+        sums: dict[str, float] = {}
+        for seg in path:
+            sums[key(seg)] = sums.get(key(seg), 0.0) + (seg.end - seg.start) / NS_PER_MS
+        return {k: round(v, 3) for k, v in sorted(sums.items(), key=lambda kv: -kv[1])}
 
     return {
-        "length_ms": round(sum(by_category.values()), 3),
-        "by_category": rounded(by_category), "by_rank": rounded(by_rank),
-        "by_lane": rounded(by_lane),
-        "segments": [{"rank": s.rank, "lane": s.lane, "name": s.name, "category": s.kind,
-                      "start_ms": _ms(s.start, origin), "end_ms": _ms(s.end, origin)}
+        "length_ms": round(sum((s.end - s.start) for s in path) / NS_PER_MS, 3),
+        "by_category": total(lambda s: s.category), "by_kind": total(lambda s: s.kind),
+        "by_rank": total(lambda s: str(s.rank)), "by_lane": total(lambda s: f"{s.rank}/{s.lane}"),
+        "segments": [{"rank": s.rank, "lane": s.lane, "name": s.name, "category": s.category,
+                      "kind": s.kind, "start_ms": _ms(s.start, origin),
+                      "end_ms": _ms(s.end, origin), **({"note": s.note} if s.note else {})}
                      for s in path],
     }

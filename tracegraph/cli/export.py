@@ -41,6 +41,9 @@ def graph_command(
     from tracegraph.graph.export import write_graph
 
     trace = load_bundle(bundle, cache_dir, no_cache, jobs, rank_map)
-    written = write_graph(run_analysis(trace), output)
+    graph = run_analysis(trace).graph
+    written = write_graph(graph, output)
+    kinds = graph.edges["kind"].value_counts()
+    by_kind = ", ".join(f"{n:,} {kind}" for kind, n in kinds.items() if n)
     out.print(f"wrote {output}: {written.number_of_nodes():,} ops, "
-              f"{written.number_of_edges():,} dependencies", highlight=False)
+              f"{written.number_of_edges():,} dependencies ({by_kind})", highlight=False)

@@ -1,8 +1,8 @@
-"""The cross-rank dependency DAG as a networkx graph, for people who want to explore it.
+"""The `DepGraph` as a networkx graph, for people who want to explore it (GraphML, node-link JSON).
 
-The analysis itself works on flat arrays (`Ops` + `Matches`); this builds the same edges as
-objects only on request: stream order, cross-stream waits, P2P halves, collective last-arrivers and
-host launches.
+Nodes are ops (rank, lane, name, kind, group, start_ns/end_ns on the aligned clock); edges are the
+graph's edge table, each with its `kind`, `confidence`, `reason` and `released_at` (which point of
+the source op the destination waited for): the same edges blame and the critical path walked.
 """
 
 from __future__ import annotations
@@ -13,35 +13,37 @@ from pathlib import Path
 import networkx as nx
 import numpy as np
 
-from tracegraph.analysis.analyze import Analysis
+from tracegraph.graph.depgraph import RELEASED_AT, DepGraph
 
 
-def dependency_graph(analysis: Analysis) -> nx.DiGraph:
-    """Nodes are ops (attributes: rank, lane, name, kind, start_ns, end_ns on the aligned clock);
-    an edge a -> b means b could not finish (or start) before a; `type` says why."""
-    frame = analysis.ops.frame
-    graph = nx.DiGraph()
-    for i, row in enumerate(frame[["rank", "lane", "name", "kind", "group"]].itertuples(
-            index=False)):
-        graph.add_node(i, rank=int(row.rank), lane=row.lane, name=row.name, kind=row.kind,
-                       group=row.group, start_ns=int(analysis.start[i]),
-                       end_ns=int(analysis.end[i]))
-    prev = analysis.ops.lane_prev()
-    for i in np.flatnonzero(prev >= 0):
-        graph.add_edge(int(prev[i]), int(i), type="stream")
-    matches = analysis.matches
-    for i in np.flatnonzero(matches.dep >= 0):
-        graph.add_edge(int(matches.dep[i]), int(i), type=str(matches.how[i]))
-    for i in np.flatnonzero(matches.launcher >= 0):
-        graph.add_edge(int(matches.launcher[i]), int(i), type="launch")
-    return graph
+def to_networkx(graph: DepGraph) -> nx.DiGraph:
+    """Nodes are ops; an edge a -> b means b could not go on before a (see depgraph.py)."""
+    frame = graph.ops.frame
+    out = nx.DiGraph()
+    columns = frame[["rank", "lane", "name", "kind", "group"]].astype(
+        {"rank": "int64", "lane": str, "name": str, "kind": str, "group": str})
+    out.add_nodes_from(
+        (i, {"rank": int(rank), "lane": lane, "name": name, "kind": kind, "group": group,
+             "start_ns": int(start), "end_ns": int(end)})
+        for i, rank, lane, name, kind, group, start, end in zip(
+            range(len(frame)), *(columns[c].tolist() for c in columns), graph.start.tolist(),
+            graph.end.tolist(), strict=True))
+    edges = graph.edges
+    kinds = edges["kind"].astype(str).tolist()
+    out.add_edges_from(
+        (src, dst, {"kind": kind, "confidence": round(float(confidence), 3),
+                    "reason": str(reason), "released_at": RELEASED_AT[kind]})
+        for src, dst, kind, confidence, reason in zip(
+            edges["src"].tolist(), edges["dst"].tolist(), kinds,
+            np.asarray(edges["confidence"]).tolist(), edges["reason"].tolist(), strict=True))
+    return out
 
 
-def write_graph(analysis: Analysis, path: Path) -> nx.DiGraph:
+def write_graph(graph: DepGraph, path: Path) -> nx.DiGraph:
     """Write the DAG as GraphML (`.graphml`) or node-link JSON (`.json`)."""
-    graph = dependency_graph(analysis)
+    exported = to_networkx(graph)
     if path.suffix == ".json":
-        path.write_text(json.dumps(nx.node_link_data(graph, edges="edges")))
+        path.write_text(json.dumps(nx.node_link_data(exported, edges="edges")))
     else:
-        nx.write_graphml(graph, path)
-    return graph
+        nx.write_graphml(exported, path)
+    return exported

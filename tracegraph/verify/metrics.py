@@ -88,7 +88,7 @@ def rank_bubble_ms(analysis: Analysis) -> dict[int, dict[str, float]]:
 
 def critical_path_ms(analysis: Analysis) -> dict[str, dict[str, float]]:
     """The critical path's composition: ms per step by op kind and by rank."""
-    rows = [(seg.kind, str(seg.rank), (seg.end - seg.start) / NS_PER_MS)
+    rows = [(seg.category, str(seg.rank), (seg.end - seg.start) / NS_PER_MS)
             for path in analysis.critical_paths.values() for seg in path]
     table = pd.DataFrame(rows, columns=["kind", "rank", "ms"])
     count = max(len(analysis.critical_paths), 1)

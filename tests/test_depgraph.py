@@ -1,0 +1,138 @@
+"""The DepGraph on hand-built traces whose dependencies are known by construction."""
+
+from __future__ import annotations
+
+import networkx as nx
+
+from tests.builder import MS, US, TraceBuilder, op_index
+from tracegraph import causes
+from tracegraph.analysis.analyze import analyze
+from tracegraph.graph.depgraph import EDGE_KINDS, RELEASED_AT, build_graph
+from tracegraph.graph.export import to_networkx
+from tracegraph.graph.match import match
+from tracegraph.graph.ops import build_ops
+
+
+def edges_between(analysis, src: int, dst: int) -> list[str]:
+    """Kinds of the edges from event row `src` to event row `dst`."""
+    ops, edges = analysis.ops, analysis.graph.edges
+    a, b = op_index(ops, src), op_index(ops, dst)
+    return edges.loc[(edges["src"] == a) & (edges["dst"] == b), "kind"].astype(str).tolist()
+
+
+def test_p2p_pair_is_one_edge_from_the_half_posted_last_on_the_aligned_clock() -> None:
+    """True time: rank 1 posts its recv at 5 µs, rank 0 its send at 10 µs; both end at 30 µs.
+    Rank 1's clock reads 20 µs late, so its raw recv start (25) looks later than the send."""
+    b = TraceBuilder(unit=US)
+    b.group("pp", (0, 1), dim="pp")
+    send = b.stream(0, 7).send(10, 30, peer=1, group="pp", seq=0)
+    recv = b.stream(1, 7).recv(5, 30, peer=0, group="pp", seq=0)
+    b.shift(1, 20)
+    analysis = analyze(b.trace())
+    assert analysis.offsets[1] == 20 * US
+    assert edges_between(analysis, send, recv) == ["p2p"]
+    assert edges_between(analysis, recv, send) == []
+
+
+def test_batch_send_recv_halves_are_one_edge_not_a_cycle() -> None:
+    b = TraceBuilder(unit=US)
+    b.group("pp", (0, 1), dim="pp")
+    first = b.stream(0, 7).batch_send_recv(0, 40, peer=1, group="pp", seq=0)
+    later = b.stream(1, 7).batch_send_recv(25, 40, peer=0, group="pp", seq=0)
+    analysis = analyze(b.trace())
+    assert edges_between(analysis, later, first) == ["p2p"]
+    assert edges_between(analysis, first, later) == []
+    assert nx.is_directed_acyclic_graph(to_networkx(analysis.graph))
+
+
+def test_collective_is_a_star_from_the_last_arriver_on_the_aligned_clock() -> None:
+    """True arrivals 10, 20, 30 µs (rank 2 last), all end at 40 µs; rank 2's clock reads 25 µs
+    early, so on raw clocks rank 1 looks last."""
+    b = TraceBuilder(unit=US)
+    b.group("dp", (0, 1, 2), dim="dp")
+    members = [b.stream(r, 7).collective(s, 40, group="dp", seq=0)
+               for r, s in ((0, 10), (1, 20), (2, 30))]
+    b.shift(2, -25)
+    analysis = analyze(b.trace())
+    assert analysis.offsets[2] == -25 * US
+    assert edges_between(analysis, members[2], members[0]) == ["collective"]
+    assert edges_between(analysis, members[2], members[1]) == ["collective"]
+    last = op_index(analysis.ops, members[2])
+    edges = analysis.graph.edges
+    assert not len(edges[(edges["dst"] == last) & (edges["kind"] == "collective")])
+
+
+def test_event_wait_queue_and_gate_edges_of_a_kineto_stream_wait() -> None:
+    """Kineto: stream 20 waits (host call at 0.5 µs) on an event recorded after stream 7's
+    kernel (correlation 6); the wait gates the kernel launched next on stream 20."""
+    b = TraceBuilder(unit=US)
+    s7, s20 = b.stream(0, 7), b.stream(0, 20)
+    s20.step(1, 0, 60)
+    before = s20.compute(0, 1, "Prologue", correlation=3)
+    producer = s7.compute(0, 30, "MatMul", correlation=6)
+    wait = s20.wait(0.5, 0.501, "Stream Wait Event", correlation=8, event_id=7,
+                    wait_on_stream=7)
+    gated = s20.compute(31, 50, "SendRecv", correlation=9)
+    analysis = analyze(b.trace())
+    assert edges_between(analysis, producer, wait) == ["event_wait"]
+    assert edges_between(analysis, before, wait) == ["queue"]
+    assert edges_between(analysis, wait, gated) == ["gate"]
+    assert edges_between(analysis, before, gated) == ["stream"]  # stream order skips the wait
+
+
+def test_edge_table_is_typed_and_explained() -> None:
+    b = TraceBuilder(unit=US)
+    b.group("dp", (0, 1), dim="dp")
+    for r, s in ((0, 0), (1, 5)):
+        lane = b.stream(r, 7)
+        lane.compute(0, s + 1)
+        lane.collective(s + 1, 20, group="dp", seq=0)
+    edges = analyze(b.trace()).graph.edges
+    assert set(EDGE_KINDS) == set(RELEASED_AT)
+    assert list(edges["kind"].cat.categories) == list(EDGE_KINDS)
+    assert edges["confidence"].between(0, 1, inclusive="right").all()
+    assert (edges["reason"].astype(str) != "").all()
+    assert set(edges["kind"].astype(str)) == {"stream", "collective"}
+
+
+def test_cycles_are_found_when_matching_contradicts_itself() -> None:
+    """Two streams whose waits point at each other's later op: a deadlock no real run has."""
+    b = TraceBuilder(unit=US)
+    s1, s2 = b.stream(0, 1), b.stream(0, 2)
+    a1, a2 = s1.compute(0, 10), s1.wait(10, 20)
+    b1, b2 = s2.compute(0, 10), s2.wait(10, 20)
+    trace = b.trace()
+    ops = build_ops(trace.events)
+    matches = match(ops, {})
+    index = {e: op_index(ops, e) for e in (a1, a2, b1, b2)}
+    matches.dep[index[a2]], matches.how[index[a2]] = index[b2], "timing"
+    matches.dep[index[b2]], matches.how[index[b2]] = index[a2], "timing"
+    graph = build_graph(ops, matches, ops.start, ops.end)
+    (cycle,) = graph.cycles()
+    assert set(cycle.tolist()) == {index[a2], index[b2]}
+    (warning,) = graph.cycle_warnings()
+    assert warning.startswith("dependency cycle among 2 ops of ranks [0] (EVENT_WAIT)")
+    assert not nx.is_directed_acyclic_graph(to_networkx(graph))
+
+
+def test_unplaced_collective_is_not_called_a_dp_reduction() -> None:
+    """Rank 0 waits in an all-reduce of a TP group, then of a group of unknown dimension, for
+    rank 1, which arrives 30 ms late to each: the transfers are charged to their own kinds of
+    collective, never to a DP reduction."""
+    b = TraceBuilder(unit=MS)
+    b.group("tp", (0, 1), dim="tp")
+    b.group("g", (0, 1))
+    for rank, late in ((0, 0), (1, 30)):
+        lane = b.stream(rank, 7)
+        lane.step(1, 0, 200)
+        lane.compute(0, 10 + late)
+        lane.collective(10 + late, 50, group="tp", seq=0)
+        lane.compute(50, 60 + late)
+        lane.collective(60 + late, 100, group="g", seq=0)
+    analysis = analyze(b.trace())
+    charged = {i.category: i.dur for bubble in analysis.bubbles if bubble.rank == 0
+               for i in bubble.intervals if i.rank == 0}
+    assert charged[causes.TP_COLLECTIVE] == 10 * MS  # 40 -> 50 after rank 1 arrived
+    assert charged[causes.COLLECTIVE] == 10 * MS  # 90 -> 100
+    assert causes.DP_REDUCTION not in {i.category for bubble in analysis.bubbles
+                                       for i in bubble.intervals}

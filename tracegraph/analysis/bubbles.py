@@ -1,0 +1,68 @@
+"""Bubbles: every stall on a rank's main compute lane longer than a threshold, blamed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from tracegraph import schema
+from tracegraph.analysis.blame import Blamer, Bubble
+from tracegraph.graph.depgraph import DepGraph
+
+
+def find_bubbles(blamer: Blamer, steps: pd.DataFrame, threshold_ns: int) -> list[Bubble]:
+    """Every wait, idle gap or waiting comm op longer than the threshold on a main lane."""
+    bubbles = []
+    graph = blamer.graph
+    steps_of = dict(iter(steps.groupby("rank"))) if len(steps) else {}
+    for rank, lane_id in graph.ops.main_lanes().items():
+        idx = np.arange(graph.lane_first[lane_id], graph.lane_first[lane_id + 1])
+        for step, lo, hi in _rank_steps(steps_of.get(rank), graph, idx):
+            inside = idx[(graph.end[idx] > lo) & (graph.start[idx] < hi)]
+            bubbles += _lane_bubbles(blamer, inside, int(step), lo, hi, threshold_ns)
+    return sorted(bubbles, key=lambda b: -b.dur)
+
+
+def _rank_steps(mine: pd.DataFrame | None, graph: DepGraph, idx: np.ndarray) -> list[tuple]:
+    if mine is not None and len(mine):
+        return list(mine[["step", "start", "end"]].itertuples(index=False))
+    if not len(idx):
+        return []
+    return [(-1, int(graph.start[idx].min()), int(graph.end[idx].max()))]
+
+
+def _lane_bubbles(blamer: Blamer, inside: np.ndarray, step: int, lo: int, hi: int,
+                  threshold_ns: int) -> list[Bubble]:
+    """The bubbles of one lane's ops `inside` [lo, hi]: idle gaps longer than the threshold
+    (after everything before ended), and long waits, comm ops and released annotations."""
+    if not len(inside):
+        return []
+    graph = blamer.graph
+    a, b = np.maximum(graph.start[inside], lo), np.minimum(graph.end[inside], hi)
+    before = np.maximum.accumulate(b)  # the latest end so far
+    idle = np.zeros(len(inside), dtype=bool)
+    idle[1:] = a[1:] - before[:-1] > threshold_ns
+    kind = graph.kind[inside]
+    waiting = (b - a > threshold_ns) & np.isin(kind, [schema.WAIT, schema.P2P, schema.COLLECTIVE,
+                                                      schema.MARKER])
+    found = []
+    for k in np.flatnonzero(idle | waiting):
+        i = inside[k]
+        if idle[k]:
+            found.append(_bubble(blamer, i, before[k - 1], a[k], step, "idle",
+                                 blamer.gap(i, before[k - 1], a[k])))
+        if not waiting[k]:
+            continue
+        if kind[k] != schema.MARKER:
+            found.append(_bubble(blamer, i, a[k], b[k], step, str(graph.name[i]),
+                                 blamer.blocked(i, a[k], b[k])))
+        elif blamer.walk.released_by(i) >= 0:
+            found.append(_bubble(blamer, i, a[k], b[k], step, str(graph.name[i]),
+                                 blamer.blocked_thread(i, a[k], b[k])))
+    return found
+
+
+def _bubble(blamer: Blamer, i: int, a: int, b: int, step: int, name: str, intervals) -> Bubble:
+    graph = blamer.graph
+    return Bubble(rank=int(graph.rank[i]), lane=str(graph.lane[i]), start=int(a), end=int(b),
+                  name=name, step=step, intervals=intervals, op=int(i))

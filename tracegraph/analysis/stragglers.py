@@ -1,0 +1,85 @@
+"""Stragglers: ranks, and ops, whose compute is slower than their peers'."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from tracegraph import schema
+from tracegraph.analysis.walk import BindingWalk
+from tracegraph.graph.ops import Ops
+
+SLOW_RANK_FACTOR = 1.15  # compute busier than this × the median of the other ranks = straggler
+SLOW_RANK_SHARE = 0.05  # ... and by at least this share of the profiled time
+
+
+def slow_ranks(walk: BindingWalk, profiled_ns: int) -> set[int]:
+    """Ranks whose main-lane work exceeds the other ranks' median by SLOW_RANK_FACTOR and by
+    SLOW_RANK_SHARE of the profiled time.
+
+    Work is compute on a device stream; on a host thread, ops plus annotation-only stretches
+    that no other thread's op released (sleeping or Python work, not waiting)."""
+    graph = walk.graph
+    main = graph.ops.main_lanes()
+    kind = graph.kind
+    working = np.isin(graph.lane_id, list(main.values())) & np.isin(
+        kind, [schema.COMPUTE, schema.HOST, schema.MARKER])
+    for i in np.flatnonzero(working & (kind == schema.MARKER)):
+        working[i] = walk.released_by(i) < 0  # a released annotation stretch was a wait
+    work = pd.Series(graph.end - graph.start)[working].groupby(
+        graph.rank[working]).sum().reindex(list(main), fill_value=0)
+    ns = work.to_numpy()
+    others = median_of_others(ns, np.zeros(len(ns), dtype=np.int64)) if len(ns) > 1 else ns
+    slow = (ns > SLOW_RANK_FACTOR * others) & (ns - others > SLOW_RANK_SHARE * profiled_ns)
+    return {int(r) for r in work.index[slow]}
+
+
+def slow_ops(ops: Ops, slow: set[int]) -> np.ndarray:
+    """Per op: is it straggler compute? An op whose name also runs on other ranks is slow when
+    its rank's median duration for that name exceeds SLOW_RANK_FACTOR × the other ranks'
+    median (an expert MLP on an overloaded EP rank, every kernel of a slow GPU); an op only
+    its own rank runs is slow when the whole rank is."""
+    frame = ops.frame
+    names, ranks = frame["name"].to_numpy(), frame["rank"].to_numpy().astype(np.int64)
+    codes, uniques = pd.factorize(names, use_na_sentinel=False)
+    compute = frame["kind"].isin([schema.COMPUTE, schema.HOST, schema.MARKER]).to_numpy(
+        ) & ~pd.isna(names)  # groupby leaves out unnamed ops
+    dur = (frame["end"] - frame["start"]).to_numpy()[compute]
+    medians = pd.Series(dur).groupby([codes[compute], ranks[compute]]).median()
+    name_code = medians.index.get_level_values(0).to_numpy()
+    rank = medians.index.get_level_values(1).to_numpy()
+    shared = np.bincount(name_code, minlength=len(uniques)) >= 2
+    others = median_of_others(medians.to_numpy(), name_code)
+    flagged = shared[name_code] & (medians.to_numpy() > SLOW_RANK_FACTOR * others)
+    span = int(ranks.max()) + 1 if len(ranks) else 1
+    hit = np.isin(codes * span + ranks, name_code[flagged] * span + rank[flagged])
+    return hit | (~shared[codes] & np.isin(ranks, list(slow)))
+
+
+def median_of_others(values: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    """Per element: the median of the other elements of its group (NaN when it is alone),
+    in O(n log n) rather than one median per element."""
+    order = np.lexsort((values, groups))
+    v, g = np.asarray(values, dtype=float)[order], groups[order]
+    first = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
+    size = np.diff(np.r_[first, len(g)])
+    base, others = np.repeat(first, size), np.repeat(size, size) - 1
+    k = np.arange(len(g)) - base  # own position in the sorted group
+
+    def nth_other(j: np.ndarray) -> np.ndarray:
+        j = np.maximum(j, 0)
+        return v[np.minimum(base + j + (j >= k), len(v) - 1)]
+
+    median = (nth_other((others - 1) // 2) + nth_other(others // 2)) / 2
+    out = np.empty(len(v))
+    out[order] = np.where(others > 0, median, np.nan)
+    return out
+
+
+
+def profiled_ns(steps: pd.DataFrame, start: np.ndarray, end: np.ndarray) -> int:
+    """The time the profile covers: the sum of step lengths, else the whole span."""
+    if len(steps):
+        return int((steps.groupby("step")["end"].max() - steps.groupby("step")["start"].min()
+                    ).sum())
+    return int(end.max() - start.min()) if len(start) else 0

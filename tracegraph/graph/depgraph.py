@@ -1,0 +1,317 @@
+"""The cross-rank dependency DAG: every op a node, every reason one op waited for another an edge.
+
+Node i is row i of `Ops.frame`, timed on the aligned clock. Edges live in one table (`src`, `dst`,
+`kind`, `confidence`, `reason`); an edge a → b means b could not go on before a reached the point
+`RELEASED_AT[kind]` (its start or its end):
+
+| kind | a | b |
+|---|---|---|
+| stream | the op before b on its lane (device order) | b |
+| launch | the host op that handed b to a worker thread (gloo) | comm op b |
+| event_wait | the producer of stream wait b: the recorded stream work, or another wait | wait b |
+| queue | what was enqueued on b's stream just before stream wait b | wait b |
+| gate | a stream wait enqueued right before b on its stream | b |
+| p2p | the half of a transfer posted last (aligned clock) | the half that waited for it |
+| collective | the member of an instance that arrived last (aligned clock) | every other member |
+| host_release | a comm op on another thread of b's rank, ended as b's thread resumed | host op b |
+| host_sync | the device op whose end freed b's host, blocked on the device | device op b |
+| shared_queue | the op on another stream of b's rank ahead of b in one hardware queue | op b |
+
+A transfer is one edge and a collective instance a star from its last arriver, so matching never
+makes a cycle. The last three kinds are inferred by time when a walk needs them (they depend on the
+stretch being explained, and searching every gap of a million-op trace up front costs more than the
+whole analysis): each one found is recorded, so blame, the critical path and the export read the
+same edges. `cycles()` checks the whole graph in linear time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from tracegraph import schema
+from tracegraph.graph.match import Matches
+from tracegraph.graph.ops import Ops
+
+EDGE_KINDS = ("stream", "launch", "event_wait", "queue", "gate", "p2p", "collective",
+              "host_release", "host_sync", "shared_queue")
+RELEASED_AT = {"stream": "end", "launch": "start", "event_wait": "end", "queue": "end",
+               "gate": "end", "p2p": "start", "collective": "start", "host_release": "end",
+               "host_sync": "end", "shared_queue": "end"}
+"""Which point of the source op the destination waited for, per edge kind."""
+RELEASE_WINDOW_NS = 2_000_000  # a host thread resumes this soon after the op it waited on ends
+QUEUE_WINDOW_NS = 50_000  # a serialized stream starts this soon after the op ahead of it ends
+HOST_SYNC_WINDOW_NS = 1_000_000  # a host blocked on the device launches this soon after it ends
+BUSY_SHARE = 0.5  # a releaser (or its lane) ran through at least this share of the stretch
+HOST_CLOCK_SLACK_NS = 20_000  # a host thread may resume this long before its releaser's end
+_DEVICE_WORK = (schema.COMPUTE, schema.COLLECTIVE, schema.P2P, schema.MEMCPY)
+_COMM = (schema.COLLECTIVE, schema.P2P)
+
+
+@dataclass
+class DepGraph:
+    """The dependency DAG over `ops`: per-op lookup arrays for walks, and the edge table."""
+
+    ops: Ops
+    start: np.ndarray  # aligned ns, per op
+    end: np.ndarray
+    instances: pd.DataFrame  # collective instances: group, seq, comm, ops, ranks, size, safe
+    prev: np.ndarray  # stream predecessor in device order (skips host-side waits), -1
+    dep: np.ndarray  # the cross dependency each op waited for (edge kinds event_wait/p2p/...), -1
+    how: np.ndarray  # how dep was matched: "event_id", "timing", "p2p", "collective", ""
+    launcher: np.ndarray  # launch edge source per op, -1
+    queued: np.ndarray  # queue edge source per stream wait, -1
+    gates: dict[int, list[int]]  # op -> the stream waits gating it
+    launch: np.ndarray  # when the host enqueued each device op (aligned ns), -1 if unknown
+    unprofiled: np.ndarray  # per comm op: members of its instance's group missing from the trace
+    warnings: list[str] = field(default_factory=list)
+    _static: pd.DataFrame = field(default_factory=pd.DataFrame, repr=False)
+    _inferred: dict[tuple[int, int, str], str] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        frame = self.ops.frame
+        self.rank = frame["rank"].to_numpy()
+        self.kind = frame["kind"].to_numpy()
+        self.lane = frame["lane"].to_numpy()
+        self.name = frame["name"].to_numpy()
+        self.group = frame["group"].to_numpy()
+        self.lane_id = frame["lane_id"].to_numpy()
+        self.mode = self.ops.lanes["mode"].to_numpy()[self.lane_id]
+        # a Kineto stream wait sits at its host call, not on the device: lane walks skip it
+        self.host_side = (self.kind == schema.WAIT) & (frame["wait_on_stream"].to_numpy() >= 0)
+        lanes = self.lane_id.max() + 1 if len(frame) else 0
+        self.lane_first = np.searchsorted(self.lane_id, np.arange(lanes + 1))
+        self._comm_ends = _ends_by_rank(frame, self.end, _COMM)
+        self._device_ends = _ends_by_rank(frame, self.end, _DEVICE_WORK)
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+    # --- the edge table ------------------------------------------------------------------------
+    @property
+    def edges(self) -> pd.DataFrame:
+        """Every edge: src, dst, kind, confidence, reason (static ones, then those inferred)."""
+        inferred = pd.DataFrame(
+            [(s, d, k, _CONFIDENCE[k], r) for (s, d, k), r in self._inferred.items()],
+            columns=["src", "dst", "kind", "confidence", "reason"])
+        parts = [p for p in (self._static, inferred) if len(p)]
+        table = pd.concat(parts, ignore_index=True) if parts else inferred
+        return table.astype({"src": "int64", "dst": "int64", "kind": _KIND_DTYPE,
+                             "confidence": "float32", "reason": "category"})
+
+    def cycles(self) -> list[np.ndarray]:
+        """The node sets of every cycle (strongly connected sets of more than one op)."""
+        from scipy.sparse import coo_matrix
+        from scipy.sparse.csgraph import connected_components
+
+        edges = self.edges
+        n = len(self)
+        if not len(edges):
+            return []
+        adjacency = coo_matrix((np.ones(len(edges)), (edges["src"], edges["dst"])), (n, n))
+        count, label = connected_components(adjacency, directed=True, connection="strong")
+        sizes = np.bincount(label, minlength=count)
+        return [np.flatnonzero(label == c) for c in np.flatnonzero(sizes > 1)]
+
+    def cycle_warnings(self) -> list[str]:
+        """A warning per cycle: matches that contradict each other (no real run has one)."""
+        warnings = []
+        for ops in self.cycles():
+            ranks = sorted({int(r) for r in self.rank[ops]})
+            names = ", ".join(sorted({str(n) for n in self.name[ops]})[:3])
+            warnings.append(f"dependency cycle among {len(ops)} ops of ranks {ranks} ({names}): "
+                            "their matches contradict each other; verdicts through them are "
+                            "unsure")
+        return warnings
+
+    # --- edges inferred by time, recorded as found ---------------------------------------------
+    def host_release(self, n: int, lo: int, hi: int) -> int:
+        """The comm op on another thread of n's rank that ended last within 2 ms before `hi`,
+        after `lo`, and ran through most of [lo, hi]: what n's idle thread waited for, or -1."""
+        found = self._releaser(n, lo, hi, RELEASE_WINDOW_NS, self._comm_ends, lane_busy=False,
+                               late_ns=HOST_CLOCK_SLACK_NS)
+        return self._record(found, n, "host_release", "ended as the thread resumed")
+
+    def shared_queue(self, n: int, lo: int, hi: int) -> int:
+        """The device op on another stream of n's rank that ended last < 50 µs before `hi`, that
+        stream busy through most of [lo, hi] (one hardware queue), or -1."""
+        found = self._releaser(n, lo, hi, QUEUE_WINDOW_NS, self._device_ends, lane_busy=True,
+                               late_ns=0)
+        return self._record(found, n, "shared_queue", "ahead of it in one hardware queue")
+
+    def host_sync(self, n: int) -> int:
+        """The device op of n's rank that ended last shortly (1 ms) before the host launched n:
+        the host was blocked on it (a synchronize), or -1."""
+        ends, idx, _ = self._device_ends.get(int(self.rank[n]), (None, None, None))
+        launch = self.launch[n]
+        if ends is None or not 0 <= launch <= self.start[n]:  # a launch after the op: no sync
+            return -1
+        pos = np.searchsorted(ends, launch, side="right") - 1
+        found = int(idx[pos]) if pos >= 0 and launch - ends[pos] <= HOST_SYNC_WINDOW_NS else -1
+        return self._record(found, n, "host_sync", "ended just before the host launched it")
+
+    def _record(self, src: int, dst: int, kind: str, reason: str) -> int:
+        if src >= 0:
+            self._inferred.setdefault((src, dst, kind), reason)
+        return src
+
+    def _releaser(self, n: int, lo: int, hi: int, window: int, table: dict, lane_busy: bool,
+                  late_ns: int) -> int:
+        """The op of `table` on another lane of n's rank that ended last within `window` before
+        `hi` (`late_ns` after it at most), after `lo`, and ran (`lane_busy`: its lane ran)
+        through at least BUSY_SHARE of [lo, hi]; -1 if none."""
+        ends, idx, lanes = table.get(int(self.rank[n]), (None, None, None))
+        if ends is None:
+            return -1
+        last = np.searchsorted(ends, hi + late_ns, side="right")
+        first = np.searchsorted(ends, hi - window, side="left")
+        lane_busy_ns: dict[int, int] = {}
+        for pos in range(last - 1, first - 1, -1):
+            op, lane = idx[pos], lanes[pos]
+            if lane == self.lane_id[n] or self.end[op] <= lo:
+                continue
+            if lane_busy:
+                if lane not in lane_busy_ns:
+                    lane_busy_ns[lane] = self.busy(lane, lo, hi)
+                busy = lane_busy_ns[lane]
+            else:
+                busy = min(hi, self.end[op]) - max(lo, self.start[op])
+            if busy >= BUSY_SHARE * (hi - lo):
+                return int(op)
+        return -1
+
+    def busy(self, lane_id: int, lo: int, hi: int) -> int:
+        """ns of [lo, hi] during which ops of the lane ran (device lanes run one op at a time)."""
+        first, stop = self.lane_first[lane_id], self.lane_first[lane_id + 1]
+        starts = self.start[first:stop]
+        begin = first + max(int(np.searchsorted(starts, lo, side="left")) - 1, 0)
+        end = first + int(np.searchsorted(starts, hi, side="left"))
+        ran = np.minimum(self.end[begin:end], hi) - np.maximum(self.start[begin:end], lo)
+        return int(ran[(ran > 0) & ~self.host_side[begin:end]].sum())
+
+
+_CONFIDENCE = {"stream": 1.0, "launch": 0.9, "event_wait": 1.0, "queue": 1.0, "gate": 1.0,
+               "p2p": 1.0, "collective": 1.0, "host_release": 0.6, "host_sync": 0.6,
+               "shared_queue": 0.7}
+_KIND_DTYPE = pd.CategoricalDtype(EDGE_KINDS)
+
+
+def build_graph(ops: Ops, matches: Matches, start: np.ndarray, end: np.ndarray) -> DepGraph:
+    """The DAG of `ops` from the matches, with P2P and collective edges directed on the aligned
+    clock (`start`, `end`): the later arriver releases the others."""
+    frame = ops.frame
+    n = len(frame)
+    host_side = (frame["kind"].to_numpy() == schema.WAIT) & (
+        frame["wait_on_stream"].to_numpy() >= 0)
+    prev = _device_prev(ops.lane_prev(), host_side)
+    dep, how = matches.dep.copy(), matches.how.copy()
+    queued = np.full(n, -1, dtype=np.int64)
+    if matches.queued:
+        queued[list(matches.queued)] = list(matches.queued.values())
+    launcher = matches.launcher if len(matches.launcher) else np.full(n, -1, dtype=np.int64)
+    _direct_pairs(dep, how, start)
+    _direct_instances(dep, how, start, matches.instances)
+    launch = frame["launch"].to_numpy() if "launch" in frame else np.full(n, -1)
+    aligned_launch = np.where(launch >= 0, launch - (frame["start"].to_numpy() - start), -1)
+    graph = DepGraph(ops=ops, start=start, end=end, instances=matches.instances, prev=prev,
+                     dep=dep, how=how, launcher=launcher, queued=queued, gates=matches.gates,
+                     launch=aligned_launch, unprofiled=_unprofiled(n, matches.instances),
+                     warnings=list(matches.warnings))
+    graph._static = _static_edges(graph)
+    return graph
+
+
+def _direct_pairs(dep: np.ndarray, how: np.ndarray, start: np.ndarray) -> None:
+    """Each matched P2P pair keeps one edge: from the half posted last to the other."""
+    halves = np.flatnonzero(how == "p2p")
+    partner = dep[halves]
+    first = halves < partner
+    a, b = halves[first], partner[first]
+    b_later = (start[b] > start[a]) | ((start[b] == start[a]) & (b > a))
+    later, earlier = np.where(b_later, b, a), np.where(b_later, a, b)
+    dep[later], how[later] = -1, ""
+    dep[earlier] = later
+
+
+def _direct_instances(dep: np.ndarray, how: np.ndarray, start: np.ndarray,
+                      instances: pd.DataFrame) -> None:
+    """Every member of a collective instance depends on the member that started last."""
+    if not len(instances):
+        return
+    sizes = instances["ops"].map(len).to_numpy()
+    member = np.concatenate([np.asarray(m, dtype=np.int64) for m in instances["ops"]])
+    instance = np.repeat(np.arange(len(instances)), sizes)
+    order = np.lexsort((member, -start[member], instance))
+    member, instance = member[order], instance[order]
+    lead = np.r_[True, instance[1:] != instance[:-1]]
+    last = member[lead][np.cumsum(lead) - 1]
+    dep[member], how[member] = -1, ""
+    waiting = member != last
+    dep[member[waiting]], how[member[waiting]] = last[waiting], "collective"
+
+
+def _static_edges(graph: DepGraph) -> pd.DataFrame:
+    """The edges known from lane order and matching, in one table."""
+    frame = graph.ops.frame
+    idx = np.arange(len(graph))
+    has_seq = (frame["seq"].to_numpy() >= 0) & (frame["group"].to_numpy() != "")
+    gates = [(w, op) for op, waits in graph.gates.items() for w in waits]
+    gate_src, gate_dst = (np.array(x, dtype=np.int64) for x in zip(*gates, strict=True)) \
+        if gates else (np.zeros(0, dtype=np.int64),) * 2
+    stream = (graph.prev >= 0) & ~graph.host_side
+    wait = np.isin(graph.how, ["event_id", "timing"])
+    pair, coll = graph.how == "p2p", graph.how == "collective"
+    parts = [
+        (graph.prev[stream], idx[stream], "stream", 1.0, "lane order"),
+        (graph.launcher[graph.launcher >= 0], idx[graph.launcher >= 0], "launch", 0.9,
+         "last host call of its comm type before it"),
+        (graph.dep[wait], idx[wait], "event_wait", np.where(graph.how[wait] == "event_id", 1.0,
+                                                            0.9),
+         np.where(graph.how[wait] == "event_id", "event id", "record < 5 µs before it ended")),
+        (graph.queued[graph.queued >= 0], idx[graph.queued >= 0], "queue", 1.0,
+         "enqueued before it on its stream"),
+        (gate_src, gate_dst, "gate", 1.0, "stream wait enqueued right before it"),
+        (graph.dep[pair], idx[pair], "p2p", np.where(has_seq[idx[pair]], 1.0, 0.9),
+         np.where(has_seq[idx[pair]], "posted last (pair by group and instance)",
+                  "posted last (pair by order)")),
+        (graph.dep[coll], idx[coll], "collective", np.where(has_seq[idx[coll]], 1.0, 0.9),
+         np.where(has_seq[idx[coll]], "arrived last (instance by sequence number)",
+                  "arrived last (instance by order in the group)")),
+    ]
+    return pd.concat([pd.DataFrame({"src": s, "dst": d, "kind": k, "confidence": c, "reason": r})
+                      for s, d, k, c, r in parts], ignore_index=True)
+
+
+def _device_prev(prev: np.ndarray, host_side: np.ndarray) -> np.ndarray:
+    """The previous op on the same lane that is not host-side (-1 if none)."""
+    idx = np.arange(len(prev))
+    lane_first = np.maximum.accumulate(np.where(prev < 0, idx, 0)) if len(idx) else idx
+    last = np.maximum.accumulate(np.where(host_side, -1, idx)) if len(idx) else idx
+    out = np.full(len(prev), -1, dtype=np.int64)
+    out[1:] = last[:-1]
+    out[out < lane_first] = -1
+    return out
+
+
+def _unprofiled(n: int, instances: pd.DataFrame) -> np.ndarray:
+    """Per op: how many members of its collective instance's group have no op in the trace."""
+    missing = np.zeros(n, dtype=np.int64)
+    for members, size in zip(instances.get("ops", []), instances.get("size", []), strict=True):
+        if size > len(members):
+            missing[members] = size - len(members)
+    return missing
+
+
+def _ends_by_rank(frame: pd.DataFrame, end: np.ndarray, kinds: tuple[str, ...]
+                  ) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """rank -> (sorted ends, op index, lane id) of its ops of these kinds."""
+    table = {}
+    chosen = frame["kind"].isin(kinds).to_numpy()
+    lane_id = frame["lane_id"].to_numpy()
+    for rank, idx in pd.Series(np.flatnonzero(chosen)).groupby(frame["rank"].to_numpy()[chosen]):
+        idx = idx.to_numpy()
+        order = np.argsort(end[idx], kind="stable")
+        table[int(rank)] = (end[idx][order], idx[order], lane_id[idx][order])
+    return table
