@@ -13,6 +13,7 @@ from __future__ import annotations
 from tests.builder import MS, TraceBuilder
 from tracegraph import causes
 from tracegraph.analysis.analyze import analyze
+from tracegraph.analysis.blame import Bubble, Interval
 from tracegraph.loading.trace import Trace
 
 BASE = 1_700_000_000_000_000_000
@@ -117,3 +118,21 @@ def test_recorded_stream_wait_releases_when_its_stream_reaches_it() -> None:
     wait = next(b for b in analysis.bubbles if b.rank == 0 and b.name == "SendRecv")
     assert [(p.start - BASE, p.end - BASE, p.category, p.rank) for p in wait.intervals] == [
         (1 * MS, 10 * MS, causes.PIPELINE_FILL, 1), (10 * MS, 12 * MS, causes.PP_P2P, 0)]
+
+
+def test_root_is_the_origin_of_the_chain_not_its_longest_link() -> None:
+    """The seed sample's largest bubble, as its intervals read: rank 0 waits for rank 8192, whose
+    reduction (132.848 ms) waited for rank 12288's (132.816 ms) through a P2P. The origin is
+    12288's, 0.03 ms shorter; a sliver of the same cause earlier still is not an origin."""
+    def piece(start: float, end: float, category: str, rank: int) -> Interval:
+        return Interval(round(start * MS), round(end * MS), category, rank, "stream 51", "x")
+
+    bubble = Bubble(rank=0, lane="stream 47", start=0, end=round(400 * MS), name="EVENT_WAIT",
+                    step=1, intervals=[
+                        piece(0, 0.5, causes.DP_REDUCTION, 4096),  # a sliver: 0.1 %
+                        piece(0.5, 133.316, causes.DP_REDUCTION, 12288),
+                        piece(133.316, 134, causes.PP_P2P, 8192),
+                        piece(134, 266.848, causes.DP_REDUCTION, 8192),
+                        piece(266.848, 400, causes.PIPELINE_FILL, 0)])
+    assert (bubble.root.rank, bubble.root.start) == (12288, round(0.5 * MS))
+    assert bubble.chain() == [0, 8192, 12288]

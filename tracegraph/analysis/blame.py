@@ -18,6 +18,7 @@ from tracegraph import causes, schema
 from tracegraph.analysis import walk
 from tracegraph.analysis.walk import BindingWalk, Piece
 
+ROOT_SHARE = 0.01  # an interval shorter than this share of its bubble is never its root
 _HOST_NOTES = {walk.LAUNCHED_LATE: walk.LAUNCHED_LATE, walk.HOST_IDLE: walk.HOST_IDLE,
                walk.LAUNCHER: "", walk.STEP_TAIL: walk.STEP_TAIL}
 
@@ -73,9 +74,12 @@ class Bubble:
 
     @property
     def root(self) -> Interval | None:
-        """The longest interval of the dominant category."""
+        """The origin of the chain: the earliest interval of the dominant category (the walk
+        runs back in time, so the deepest cause), among those of at least ROOT_SHARE of the
+        bubble (a sliver does not make an origin)."""
         pieces = [p for p in self.intervals if p.category == self.category]
-        return max(pieces, key=lambda p: p.dur) if pieces else None
+        weighty = [p for p in pieces if p.dur >= ROOT_SHARE * self.dur] or pieces
+        return min(weighty, key=lambda p: p.start) if weighty else None
 
     def chain(self) -> list[int]:
         """Ranks in causal order: this rank, then each rank the explanation reached walking
