@@ -1,0 +1,157 @@
+"""Structural checks of the recorded corpus (tests/data/corpus, bench/record_corpus.py): each
+folder holds the ranks its ground truth lists, tracegraph's loader reads them with the profiled
+steps the truth names, and every injected delay lies where the truth says, on that rank only.
+
+These test the recordings and their truth, not tracegraph's verdicts on them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import tracegraph
+from tests.corpus import CASES, folder, raw, truth
+
+EXPECTED = {
+    "pp4_1f1b_healthy", "pp4_1f1b_bwd_straggler", "pp2dp2_wait_before_send",
+    "pp2dp2_wait_after_send", "pp2dp2_one_replica", "ep4_a2a_layers", "dp4_fwd_straggler",
+    "dp4_opt_straggler", "dp4_before_allreduce", "dp4_host_stall", "dp4_healthy",
+    "world_metrics_allreduce",
+}
+SLEEP_NAMES = {"straggler_sleep", "expert_imbalance"}
+
+
+def _spans(trace: dict) -> list[dict]:
+    return [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+
+
+def _named(spans: list[dict], name: str) -> list[dict]:
+    return [e for e in spans if e.get("name") == name]
+
+
+def _enclosing(spans: list[dict], inner: dict) -> set[str]:
+    """Names of the spans of inner's thread that contain it."""
+    end = inner["ts"] + inner["dur"]
+    return {e["name"] for e in spans if e is not inner and e["tid"] == inner["tid"]
+            and e["ts"] <= inner["ts"] and end <= e["ts"] + e["dur"]}
+
+
+def _step(names: set[str]) -> int | None:
+    steps = [int(n.split("#")[1]) for n in names if n.startswith("ProfilerStep#")]
+    return steps[0] if len(steps) == 1 else None
+
+
+def test_the_corpus_holds_every_case() -> None:
+    assert set(CASES) == EXPECTED
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_folder_holds_exactly_the_ranks_of_its_truth(case: str) -> None:
+    t = truth(case)
+    assert t["case"] == case
+    assert {p.name for p in folder(case).iterdir()} == {"ground_truth.json", *t["files"].values()}
+    assert t["files"] == {str(r): f"rank{r}.json.gz" for r in t["ranks"]}
+    assert sorted(t["ranks"] + t["absent_ranks"]) == list(range(t["world_size"]))
+    assert t["healthy"] == (not t["injections"])
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_files_state_their_rank_and_the_groups_of_the_truth(case: str) -> None:
+    t = truth(case)
+    groups = {g["name"]: g for g in t["groups"]}
+    assert "0" in groups and groups["0"]["ranks"] == list(range(t["world_size"]))
+    listed: dict[str, list[int]] = {name: [] for name in groups}
+    for rank in t["ranks"]:
+        info = raw(case, rank)["distributedInfo"]
+        assert (info["backend"], info["rank"], info["world_size"]) == (
+            "gloo", rank, t["world_size"])
+        assert info["pg_count"] == len(groups)
+        for pg in info["pg_config"]:
+            group = groups[pg["pg_name"]]
+            assert (pg["pg_desc"], sorted(pg["ranks"])) == (group["desc"], group["ranks"])
+            assert rank in group["ranks"]
+            listed[pg["pg_name"]].append(rank)
+    assert {name: g["listed_by"] for name, g in groups.items()} == listed
+    assert {g["dim"] for g in t["groups"]} <= {"pp", "dp", "ep", "tp", "world"}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_tracegraph_loads_every_rank_with_the_profiled_steps(case: str, tmp_path: Path) -> None:
+    t = truth(case)
+    trace = tracegraph.load(folder(case), cache_dir=tmp_path)
+    assert trace.rank_ids == t["ranks"]
+    events = trace.events
+    markers = events[events["name"].str.startswith("ProfilerStep#")]
+    for rank in t["ranks"]:
+        names = markers.loc[markers["rank"] == rank, "name"]
+        assert sorted({int(n.split("#")[1]) for n in names}) == t["profiled_steps"], rank
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if not truth(c)["healthy"]])
+def test_each_injection_lies_where_the_truth_says_on_its_rank_only(case: str) -> None:
+    t = truth(case)
+    for inj in t["injections"]:
+        if inj["annotation"] is None:
+            continue  # a host stall: test_host_stall_is_a_gap_outside_any_annotation
+        for rank in t["ranks"]:
+            spans = _spans(raw(case, rank))
+            sleeps = _named(spans, inj["annotation"])
+            if rank != inj["rank"]:
+                assert not sleeps, (rank, inj["annotation"])
+                continue
+            mbs = inj["microbatches"] or [None]
+            assert len(sleeps) == len(inj["steps"]) * len(mbs)
+            seen = set()
+            for sleep in sleeps:
+                assert sleep["dur"] >= 0.9 * inj["duration_ms"] * 1e3
+                around = _enclosing(spans, sleep)
+                assert inj["inside"].split(" mb=")[0] in {n.split(" mb=")[0] for n in around}
+                mb = next((int(n.split("=")[1]) for n in around if " mb=" in n), None)
+                if inj["layer"] is not None:
+                    assert f"MoE layer={inj['layer']}" in around
+                seen.add((_step(around), mb))
+            assert seen == {(s, m) for s in inj["steps"] for m in mbs}
+    if t["absent_ranks"]:
+        assert all(i["rank"] in t["absent_ranks"] for i in t["injections"])
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if truth(c)["healthy"]])
+def test_controls_hold_no_injected_annotation(case: str) -> None:
+    t = truth(case)
+    for rank in t["ranks"]:
+        assert not {e["name"] for e in _spans(raw(case, rank))} & SLEEP_NAMES, rank
+
+
+def test_host_stall_is_a_gap_outside_any_annotation() -> None:
+    t = truth("dp4_host_stall")
+    (inj,) = t["injections"]
+    after, before = inj["between"]
+    for rank in t["ranks"]:
+        spans = _spans(raw("dp4_host_stall", rank))
+        pairs = list(zip(_named(spans, after), _named(spans, before), strict=True))
+        assert len(pairs) == len(t["profiled_steps"])
+        for a, b in pairs:
+            gap = (a["ts"] + a["dur"], b["ts"])
+            if rank != inj["rank"]:
+                assert gap[1] - gap[0] < 0.5 * inj["duration_ms"] * 1e3
+                continue
+            assert gap[1] - gap[0] >= 0.9 * inj["duration_ms"] * 1e3
+            inside = [e["name"] for e in spans if e["tid"] == a["tid"]
+                      and e.get("cat") == "user_annotation"
+                      and e["ts"] < gap[1] and e["ts"] + e["dur"] > gap[0]]
+            assert [n for n in inside if not n.startswith("ProfilerStep#")] == []
+
+
+def test_one_replica_is_a_byte_copy_of_the_bug_recording() -> None:
+    t = truth("pp2dp2_one_replica")
+    assert t["copied_from"] == "pp2dp2_wait_before_send"
+    assert t["ranks"] == [0, 2] and t["absent_ranks"] == [1, 3]
+    for rank in t["ranks"]:
+        name = f"rank{rank}.json.gz"
+        assert (folder("pp2dp2_one_replica") / name).read_bytes() == (
+            folder(t["copied_from"]) / name).read_bytes()
+    whole = truth(t["copied_from"])
+    assert [{k: v for k, v in g.items() if k != "listed_by"} for g in t["groups"]] == [
+        {k: v for k, v in g.items() if k != "listed_by"} for g in whole["groups"]]
