@@ -136,3 +136,34 @@ def test_unplaced_collective_is_not_called_a_dp_reduction() -> None:
     assert charged[causes.COLLECTIVE] == 10 * MS  # 90 -> 100
     assert causes.DP_REDUCTION not in {i.category for bubble in analysis.bubbles
                                        for i in bubble.intervals}
+
+
+def test_a_zero_length_op_is_not_its_own_host_sync_and_self_loops_count_as_cycles() -> None:
+    """A zero-length kernel launched exactly when it starts, after an idle device: the op that
+    freed the host is the kernel before it, never the kernel itself."""
+    b = TraceBuilder(unit=US)
+    lane, host = b.stream(0, 7), b.thread(0, 1, "python")
+    lane.step(1, 0, 3000)
+    lane.compute(0, 10, correlation=1)
+    late = lane.compute(2000, 2000, "Empty", correlation=2)
+    host.host(0, 1, "cudaLaunchKernel", correlation=1)
+    host.host(2000, 2001, "cudaLaunchKernel", correlation=2)
+    analysis = analyze(b.trace())
+    graph = analysis.graph
+    n = op_index(analysis.ops, late)
+    assert graph.host_sync(n) == -1  # the kernel before ended 1.99 ms earlier: no sync
+    graph.record(n, n, "host_sync")
+    assert [c.tolist() for c in graph.cycles()] == [[n]]
+
+
+def test_export_keeps_two_reasons_between_the_same_ops() -> None:
+    b = TraceBuilder(unit=US)
+    lane = b.stream(0, 7)
+    lane.step(1, 0, 100)
+    first, second = lane.compute(0, 10), lane.compute(50, 60)
+    analysis = analyze(b.trace())
+    a, c = op_index(analysis.ops, first), op_index(analysis.ops, second)
+    analysis.graph.record(a, c, "host_sync")
+    exported = to_networkx(analysis.graph)
+    assert sorted(d["kind"] for d in exported.get_edge_data(a, c).values()) == [
+        "host_sync", "stream"]

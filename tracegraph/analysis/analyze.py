@@ -71,7 +71,8 @@ def analyze(trace: Trace, *, threshold_ms: float = 1.0, executor: Executor | Non
         offsets = estimate_offsets(ops, matches)
         shift = ops.frame["rank"].map(offsets).fillna(0).astype("int64").to_numpy()
         steps = step_windows(trace.events, offsets)
-        graph = build_graph(ops, matches, ops.start - shift, ops.end - shift)
+        graph = build_graph(ops, matches, ops.start - shift, ops.end - shift,
+                            trace.group_members())
         bar.advance()
         walk = BindingWalk(graph)
         slow = slow_ranks(walk, profiled_ns(steps, graph.start, graph.end))
@@ -86,7 +87,6 @@ def analyze(trace: Trace, *, threshold_ms: float = 1.0, executor: Executor | Non
                     start=graph.start, end=graph.end, steps=steps, bubbles=bubbles,
                     critical_paths=paths, slow_ranks=slow,
                     warnings=graph.warnings + graph.cycle_warnings())
-
 
 
 def step_windows(events: pd.DataFrame, offsets: dict[int, int]) -> pd.DataFrame:

@@ -1,6 +1,6 @@
 """Bubble blame: every stall on a main compute lane, decomposed along its causal chain.
 
-A bubble [a, b] ends because some op released it. The binding walk (critical_path.py) tiles [a, b]
+A bubble [a, b] ends because some op released it. The binding walk (walk.py) tiles [a, b]
 with what was really happening then, back along that op's dependencies in the `DepGraph`; blame
 charges each piece to a root cause: the releasing op's own execution (a transfer, a collective
 after its last member arrived) to its communication's category, earlier compute to the pipeline
@@ -18,6 +18,7 @@ from tracegraph import causes, schema
 from tracegraph.analysis import walk
 from tracegraph.analysis.walk import BindingWalk, Piece
 
+UNMATCHED = "its peers' matching op was not found: the member that arrived last is unknown"
 ROOT_SHARE = 0.01  # an interval shorter than this share of its bubble is never its root
 _HOST_NOTES = {walk.LAUNCHED_LATE: walk.LAUNCHED_LATE, walk.HOST_IDLE: walk.HOST_IDLE,
                walk.LAUNCHER: "", walk.STEP_TAIL: walk.STEP_TAIL}
@@ -134,12 +135,13 @@ class Blamer:
     def _interval(self, piece: Piece) -> Interval:
         graph, op = self.graph, piece.op
         note, group = _HOST_NOTES.get(piece.why, piece.why), ""
-        if piece.why in (walk.RAN, walk.WAITING):
+        if piece.why == walk.RAN:
             note = ""
-            if graph.kind[op] in (schema.COLLECTIVE, schema.P2P) and graph.unprofiled[op]:
-                group = str(graph.group[op])
-                note = (f"straggler among the {graph.unprofiled[op]} unprofiled members of "
-                        f"group {group}")
+        elif piece.why == walk.WAITING and graph.unprofiled[op]:
+            group = str(graph.group[op])
+            note = f"straggler among the {graph.unprofiled[op]} unprofiled members of group {group}"
+        elif piece.why == walk.WAITING:
+            note = UNMATCHED
         return Interval(piece.start, piece.end, self.category(piece), int(graph.rank[op]),
                         str(graph.lane[op]), str(graph.name[op]), note, group, op)
 

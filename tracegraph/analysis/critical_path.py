@@ -58,8 +58,9 @@ def step_windows_of_slowest(steps: pd.DataFrame) -> list[tuple[int, int, int, in
 def critical_path(walk: BindingWalk, rank: int | None, window: tuple[int, int],
                   label: Callable[[Piece], str]) -> list[PathSegment]:
     """The binding chain that ends `rank`'s step `window` (every rank's ops when rank is None):
-    from the op of the rank ending last in the window, back to the window's start. The segments
-    tile the window: a step-marker tail after the last op is its own segment."""
+    from the op of the rank ending last in the window (on its main lane, of ops ending together;
+    the latest-ending, of ops running past the window), back to the window's start. The
+    segments tile the window: a step-marker tail after the last op is its own segment."""
     lo, hi = window
     graph = walk.graph
     mine = np.flatnonzero((graph.end > lo) & (graph.start < hi)
@@ -68,8 +69,8 @@ def critical_path(walk: BindingWalk, rank: int | None, window: tuple[int, int],
         return [PathSegment(rank=-1 if rank is None else rank, lane="", name="", kind=WAIT,
                             category=causes.UNKNOWN, start=lo, end=hi, note=NO_OP)] if hi > lo \
             else []
-    ends = np.minimum(graph.end[mine], hi)
-    last = int(mine[np.lexsort((mine, ends))[-1]])
+    main = np.isin(graph.lane_id[mine], list(graph.ops.main_lanes().values()))
+    last = int(mine[np.lexsort((graph.end[mine], main, np.minimum(graph.end[mine], hi)))[-1]])
     stop = int(min(graph.end[last], hi))
     pieces = walk.history(last, lo, stop)
     if stop < hi:

@@ -76,7 +76,6 @@ def median_of_others(values: np.ndarray, groups: np.ndarray) -> np.ndarray:
     return out
 
 
-
 def profiled_ns(steps: pd.DataFrame, start: np.ndarray, end: np.ndarray) -> int:
     """The time the profile covers: the sum of step lengths, else the whole span."""
     if len(steps):

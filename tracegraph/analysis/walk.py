@@ -248,12 +248,14 @@ class BindingWalk:
         launch = graph.launch[n]
         freed = graph.host_sync(n) if a < launch and depth < MAX_DEPTH else -1
         if freed >= 0 and self.end[freed] > a:
+            graph.record(freed, n, "host_sync")
             cut = min(b, self.end[freed])
             self._released_thread(freed, a, cut, depth, out)
             a = cut
         queued = graph.shared_queue(n, a, b) \
             if b - a >= MIN_PIECE_NS and depth < MAX_DEPTH and launch < a else -1
         if queued >= 0:  # one hardware queue: n ran as soon as an op on another stream ended
+            graph.record(queued, n, "shared_queue")
             cut = min(b, self.end[queued])
             self._released_thread(queued, a, cut, depth, out)
             a = cut
@@ -273,6 +275,7 @@ class BindingWalk:
         """A host thread inside an annotation but in no op: waiting, or busy (sleep, Python)."""
         releaser = self.released_by(k)
         if releaser >= 0 and depth < MAX_DEPTH and self.end[releaser] > a:
+            self.graph.record(releaser, k, "host_release")
             self._released_thread(releaser, a, b, depth, out)
         else:
             _add(out, k, a, b, RAN)
@@ -280,6 +283,7 @@ class BindingWalk:
     def _idle_thread_until(self, n: int, a: int, b: int, depth: int, out: list[Piece]) -> None:
         releaser = self.graph.host_release(n, a, b)
         if releaser >= 0 and depth < MAX_DEPTH:
+            self.graph.record(releaser, n, "host_release")
             self._released_thread(releaser, a, b, depth, out)
         else:
             _add(out, n, a, b, HOST_IDLE)
@@ -303,7 +307,7 @@ class BindingWalk:
             return
         if self.kind[i] == schema.WAIT:
             _add(out, i, a, b, NO_RECORD)
-        elif self.graph.dep[i] < 0 and self.graph.unprofiled[i]:
+        elif self.graph.dep[i] < 0 and (self.graph.unprofiled[i] or self.graph.unmatched[i]):
             _add(out, i, a, b, WAITING)
         else:
             _add(out, i, a, b, RAN)

@@ -35,13 +35,16 @@ def graph_command(
     no_cache: NoCache = False,
     jobs: Jobs = None,
     rank_map: RankMap = None,
+    threshold_ms: Annotated[float, typer.Option(
+        help="Shortest stall counted a bubble: the edges inferred by time are those the "
+             "analysis of bubbles of this size followed.")] = 1.0,
 ) -> None:
     """Write the cross-rank dependency DAG (networkx GraphML or node-link JSON)."""
     from tracegraph.analysis.analyze import analyze as run_analysis
     from tracegraph.graph.export import write_graph
 
     trace = load_bundle(bundle, cache_dir, no_cache, jobs, rank_map)
-    graph = run_analysis(trace).graph
+    graph = run_analysis(trace, threshold_ms=threshold_ms).graph
     written = write_graph(graph, output)
     kinds = graph.edges["kind"].value_counts()
     by_kind = ", ".join(f"{n:,} {kind}" for kind, n in kinds.items() if n)

@@ -42,6 +42,7 @@ RELEASED_AT = {"stream": "end", "launch": "start", "event_wait": "end", "queue":
                "host_sync": "end", "shared_queue": "end"}
 """Which point of the source op the destination waited for, per edge kind."""
 RELEASE_WINDOW_NS = 2_000_000  # a host thread resumes this soon after the op it waited on ends
+RELEASE_SHARE = 0.03  # ... or within this share of a long stretch (a busy CPU wakes it late)
 QUEUE_WINDOW_NS = 50_000  # a serialized stream starts this soon after the op ahead of it ends
 HOST_SYNC_WINDOW_NS = 1_000_000  # a host blocked on the device launches this soon after it ends
 BUSY_SHARE = 0.5  # a releaser (or its lane) ran through at least this share of the stretch
@@ -57,7 +58,6 @@ class DepGraph:
     ops: Ops
     start: np.ndarray  # aligned ns, per op
     end: np.ndarray
-    instances: pd.DataFrame  # collective instances: group, seq, comm, ops, ranks, size, safe
     prev: np.ndarray  # stream predecessor in device order (skips host-side waits), -1
     dep: np.ndarray  # the cross dependency each op waited for (edge kinds event_wait/p2p/...), -1
     how: np.ndarray  # how dep was matched: "event_id", "timing", "p2p", "collective", ""
@@ -65,10 +65,12 @@ class DepGraph:
     queued: np.ndarray  # queue edge source per stream wait, -1
     gates: dict[int, list[int]]  # op -> the stream waits gating it
     launch: np.ndarray  # when the host enqueued each device op (aligned ns), -1 if unknown
-    unprofiled: np.ndarray  # per comm op: members of its instance's group missing from the trace
+    unprofiled: np.ndarray  # per collective op: members of its group absent from the bundle
+    unmatched: np.ndarray  # per comm op: a profiled peer's matching op was not found
     warnings: list[str] = field(default_factory=list)
     _static: pd.DataFrame = field(default_factory=pd.DataFrame, repr=False)
     _inferred: dict[tuple[int, int, str], str] = field(default_factory=dict, repr=False)
+    _edges: pd.DataFrame | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         frame = self.ops.frame
@@ -79,8 +81,7 @@ class DepGraph:
         self.group = frame["group"].to_numpy()
         self.lane_id = frame["lane_id"].to_numpy()
         self.mode = self.ops.lanes["mode"].to_numpy()[self.lane_id]
-        # a Kineto stream wait sits at its host call, not on the device: lane walks skip it
-        self.host_side = (self.kind == schema.WAIT) & (frame["wait_on_stream"].to_numpy() >= 0)
+        self.host_side = host_side_waits(frame)
         lanes = self.lane_id.max() + 1 if len(frame) else 0
         self.lane_first = np.searchsorted(self.lane_id, np.arange(lanes + 1))
         self._comm_ends = _ends_by_rank(frame, self.end, _COMM)
@@ -93,27 +94,31 @@ class DepGraph:
     @property
     def edges(self) -> pd.DataFrame:
         """Every edge: src, dst, kind, confidence, reason (static ones, then those inferred)."""
-        inferred = pd.DataFrame(
-            [(s, d, k, _CONFIDENCE[k], r) for (s, d, k), r in self._inferred.items()],
-            columns=["src", "dst", "kind", "confidence", "reason"])
-        parts = [p for p in (self._static, inferred) if len(p)]
-        table = pd.concat(parts, ignore_index=True) if parts else inferred
-        return table.astype({"src": "int64", "dst": "int64", "kind": _KIND_DTYPE,
-                             "confidence": "float32", "reason": "category"})
+        if self._edges is None:
+            inferred = pd.DataFrame(
+                [(s, d, k, INFERRED_CONFIDENCE[k], r) for (s, d, k), r in self._inferred.items()],
+                columns=["src", "dst", "kind", "confidence", "reason"])
+            parts = [p for p in (self._static, inferred) if len(p)]
+            table = pd.concat(parts, ignore_index=True) if parts else inferred
+            self._edges = table.astype({"src": "int64", "dst": "int64", "kind": _KIND_DTYPE,
+                                        "confidence": "float32", "reason": "category"})
+        return self._edges
 
     def cycles(self) -> list[np.ndarray]:
-        """The node sets of every cycle (strongly connected sets of more than one op)."""
+        """The node sets of every cycle: strongly connected sets of more than one op, and ops
+        with an edge to themselves."""
         from scipy.sparse import coo_matrix
         from scipy.sparse.csgraph import connected_components
 
-        edges = self.edges
-        n = len(self)
+        edges, n = self.edges, len(self)
         if not len(edges):
             return []
         adjacency = coo_matrix((np.ones(len(edges)), (edges["src"], edges["dst"])), (n, n))
         count, label = connected_components(adjacency, directed=True, connection="strong")
         sizes = np.bincount(label, minlength=count)
-        return [np.flatnonzero(label == c) for c in np.flatnonzero(sizes > 1)]
+        loops = np.unique(edges.loc[edges["src"] == edges["dst"], "src"].to_numpy())
+        return [np.flatnonzero(label == c) for c in np.flatnonzero(sizes > 1)] + [
+            np.array([op]) for op in loops.tolist() if sizes[label[op]] == 1]
 
     def cycle_warnings(self) -> list[str]:
         """A warning per cycle: matches that contradict each other (no real run has one)."""
@@ -128,18 +133,18 @@ class DepGraph:
 
     # --- edges inferred by time, recorded as found ---------------------------------------------
     def host_release(self, n: int, lo: int, hi: int) -> int:
-        """The comm op on another thread of n's rank that ended last within 2 ms before `hi`,
-        after `lo`, and ran through most of [lo, hi]: what n's idle thread waited for, or -1."""
-        found = self._releaser(n, lo, hi, RELEASE_WINDOW_NS, self._comm_ends, lane_busy=False,
-                               late_ns=HOST_CLOCK_SLACK_NS)
-        return self._record(found, n, "host_release", "ended as the thread resumed")
+        """The comm op on another thread of n's rank that ended last within 2 ms (3 % of a long
+        stretch) before `hi` (or 20 µs after: host clocks), after `lo`, and ran through most of
+        [lo, hi]: what n's idle thread waited for, or -1."""
+        window = max(RELEASE_WINDOW_NS, int(RELEASE_SHARE * (hi - lo)))
+        return self._releaser(n, lo, hi, window, self._comm_ends, lane_busy=False,
+                              late_ns=HOST_CLOCK_SLACK_NS)
 
     def shared_queue(self, n: int, lo: int, hi: int) -> int:
         """The device op on another stream of n's rank that ended last < 50 µs before `hi`, that
         stream busy through most of [lo, hi] (one hardware queue), or -1."""
-        found = self._releaser(n, lo, hi, QUEUE_WINDOW_NS, self._device_ends, lane_busy=True,
-                               late_ns=0)
-        return self._record(found, n, "shared_queue", "ahead of it in one hardware queue")
+        return self._releaser(n, lo, hi, QUEUE_WINDOW_NS, self._device_ends, lane_busy=True,
+                              late_ns=0)
 
     def host_sync(self, n: int) -> int:
         """The device op of n's rank that ended last shortly (1 ms) before the host launched n:
@@ -149,13 +154,15 @@ class DepGraph:
         if ends is None or not 0 <= launch <= self.start[n]:  # a launch after the op: no sync
             return -1
         pos = np.searchsorted(ends, launch, side="right") - 1
-        found = int(idx[pos]) if pos >= 0 and launch - ends[pos] <= HOST_SYNC_WINDOW_NS else -1
-        return self._record(found, n, "host_sync", "ended just before the host launched it")
+        while pos >= 0 and idx[pos] == n:  # a zero-length op is not its own releaser
+            pos -= 1
+        return int(idx[pos]) if pos >= 0 and launch - ends[pos] <= HOST_SYNC_WINDOW_NS else -1
 
-    def _record(self, src: int, dst: int, kind: str, reason: str) -> int:
-        if src >= 0:
-            self._inferred.setdefault((src, dst, kind), reason)
-        return src
+    def record(self, src: int, dst: int, kind: str) -> None:
+        """Keep an inferred edge a walk followed (one of INFERRED_REASONS' kinds)."""
+        if (src, dst, kind) not in self._inferred:
+            self._inferred[(src, dst, kind)] = INFERRED_REASONS[kind]
+            self._edges = None
 
     def _releaser(self, n: int, lo: int, hi: int, window: int, table: dict, lane_busy: bool,
                   late_ns: int) -> int:
@@ -192,20 +199,23 @@ class DepGraph:
         return int(ran[(ran > 0) & ~self.host_side[begin:end]].sum())
 
 
-_CONFIDENCE = {"stream": 1.0, "launch": 0.9, "event_wait": 1.0, "queue": 1.0, "gate": 1.0,
-               "p2p": 1.0, "collective": 1.0, "host_release": 0.6, "host_sync": 0.6,
-               "shared_queue": 0.7}
+INFERRED_CONFIDENCE = {"host_release": 0.6, "host_sync": 0.6, "shared_queue": 0.7}
+INFERRED_REASONS = {"host_release": "ended as the thread resumed",
+                    "host_sync": "ended just before the host launched it",
+                    "shared_queue": "ahead of it in one hardware queue"}
 _KIND_DTYPE = pd.CategoricalDtype(EDGE_KINDS)
 
 
-def build_graph(ops: Ops, matches: Matches, start: np.ndarray, end: np.ndarray) -> DepGraph:
+def build_graph(ops: Ops, matches: Matches, start: np.ndarray, end: np.ndarray,
+                members: dict[str, tuple[int, ...]] | None = None) -> DepGraph:
     """The DAG of `ops` from the matches, with P2P and collective edges directed on the aligned
-    clock (`start`, `end`): the later arriver releases the others."""
+    clock (`start`, `end`): the later arriver releases the others. `members`: each group's
+    stated members (a collective whose group has members absent from `ops` may wait for them)."""
     frame = ops.frame
     n = len(frame)
-    host_side = (frame["kind"].to_numpy() == schema.WAIT) & (
-        frame["wait_on_stream"].to_numpy() >= 0)
-    prev = _device_prev(ops.lane_prev(), host_side)
+    present = set(np.unique(frame["rank"].to_numpy()).tolist())
+    unprofiled, unmatched = _missing_peers(frame, matches, members or {}, present)
+    prev = _device_prev(ops.lane_prev(), host_side_waits(frame))
     dep, how = matches.dep.copy(), matches.how.copy()
     queued = np.full(n, -1, dtype=np.int64)
     if matches.queued:
@@ -215,12 +225,17 @@ def build_graph(ops: Ops, matches: Matches, start: np.ndarray, end: np.ndarray) 
     _direct_instances(dep, how, start, matches.instances)
     launch = frame["launch"].to_numpy() if "launch" in frame else np.full(n, -1)
     aligned_launch = np.where(launch >= 0, launch - (frame["start"].to_numpy() - start), -1)
-    graph = DepGraph(ops=ops, start=start, end=end, instances=matches.instances, prev=prev,
+    graph = DepGraph(ops=ops, start=start, end=end, prev=prev,
                      dep=dep, how=how, launcher=launcher, queued=queued, gates=matches.gates,
-                     launch=aligned_launch, unprofiled=_unprofiled(n, matches.instances),
+                     launch=aligned_launch, unprofiled=unprofiled, unmatched=unmatched,
                      warnings=list(matches.warnings))
     graph._static = _static_edges(graph)
     return graph
+
+
+def host_side_waits(frame: pd.DataFrame) -> np.ndarray:
+    """Kineto's stream waits: they sit at their host call, not on the device (walks skip them)."""
+    return (frame["kind"].to_numpy() == schema.WAIT) & (frame["wait_on_stream"].to_numpy() >= 0)
 
 
 def _direct_pairs(dep: np.ndarray, how: np.ndarray, start: np.ndarray) -> None:
@@ -295,13 +310,22 @@ def _device_prev(prev: np.ndarray, host_side: np.ndarray) -> np.ndarray:
     return out
 
 
-def _unprofiled(n: int, instances: pd.DataFrame) -> np.ndarray:
-    """Per op: how many members of its collective instance's group have no op in the trace."""
-    missing = np.zeros(n, dtype=np.int64)
-    for members, size in zip(instances.get("ops", []), instances.get("size", []), strict=True):
-        if size > len(members):
-            missing[members] = size - len(members)
-    return missing
+def _missing_peers(frame: pd.DataFrame, matches: Matches, members: dict[str, tuple[int, ...]],
+                   present: set[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Per op: how many members of its collective's group are absent from the bundle, and
+    whether a peer in the bundle has no op matched with it (its instance lacks a present
+    member, or a P2P half has no partner): then who arrived last is unknown."""
+    n = len(frame)
+    unprofiled, unmatched = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=bool)
+    instances = matches.instances
+    for ops, group in zip(instances.get("ops", []), instances.get("group", []), strict=True):
+        stated = members.get(str(group), ())
+        absent = sum(r not in present for r in stated)
+        unprofiled[ops] = absent
+        unmatched[ops] = len(ops) < len(stated) - absent
+    p2p = (frame["kind"].to_numpy() == schema.P2P) & (matches.how != "p2p")
+    unmatched[p2p & np.isin(frame["peer"].to_numpy(), list(present))] = True
+    return unprofiled, unmatched
 
 
 def _ends_by_rank(frame: pd.DataFrame, end: np.ndarray, kinds: tuple[str, ...]

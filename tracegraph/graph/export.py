@@ -16,10 +16,12 @@ import numpy as np
 from tracegraph.graph.depgraph import RELEASED_AT, DepGraph
 
 
-def to_networkx(graph: DepGraph) -> nx.DiGraph:
-    """Nodes are ops; an edge a -> b means b could not go on before a (see depgraph.py)."""
+def to_networkx(graph: DepGraph) -> nx.MultiDiGraph:
+    """Nodes are ops; an edge a -> b means b could not go on before a (see depgraph.py). Two
+    ops may be linked for two reasons (lane order and a host sync): one edge each, keyed by
+    kind."""
     frame = graph.ops.frame
-    out = nx.DiGraph()
+    out = nx.MultiDiGraph()
     columns = frame[["rank", "lane", "name", "kind", "group"]].astype(
         {"rank": "int64", "lane": str, "name": str, "kind": str, "group": str})
     out.add_nodes_from(
@@ -31,7 +33,7 @@ def to_networkx(graph: DepGraph) -> nx.DiGraph:
     edges = graph.edges
     kinds = edges["kind"].astype(str).tolist()
     out.add_edges_from(
-        (src, dst, {"kind": kind, "confidence": round(float(confidence), 3),
+        (src, dst, kind, {"kind": kind, "confidence": round(float(confidence), 3),
                     "reason": str(reason), "released_at": RELEASED_AT[kind]})
         for src, dst, kind, confidence, reason in zip(
             edges["src"].tolist(), edges["dst"].tolist(), kinds,
@@ -39,7 +41,7 @@ def to_networkx(graph: DepGraph) -> nx.DiGraph:
     return out
 
 
-def write_graph(graph: DepGraph, path: Path) -> nx.DiGraph:
+def write_graph(graph: DepGraph, path: Path) -> nx.MultiDiGraph:
     """Write the DAG as GraphML (`.graphml`) or node-link JSON (`.json`)."""
     exported = to_networkx(graph)
     if path.suffix == ".json":
