@@ -167,3 +167,21 @@ def test_export_keeps_two_reasons_between_the_same_ops() -> None:
     exported = to_networkx(analysis.graph)
     assert sorted(d["kind"] for d in exported.get_edge_data(a, c).values()) == [
         "host_sync", "stream"]
+
+
+def test_point_to_point_is_a_pipeline_transfer_only_when_it_names_its_peer() -> None:
+    """NCCL's all-to-all runs as SendRecv kernels that name no peer (the real negative_queue
+    trace): waiting on one is communication of unknown dimension, not a pipeline transfer."""
+    b = TraceBuilder(unit=MS)
+    lane = b.stream(0, 7)
+    lane.step(1, 0, 100)
+    lane.compute(0, 10)
+    lane.batch_send_recv(10, 40, peer=-1, name="ncclKernel_SendRecv")
+    lane.compute(40, 50)
+    lane.send(50, 80, peer=1)
+    lane.compute(80, 100)
+    b.stream(1, 7).recv(50, 80, peer=0)
+    analysis = analyze(b.trace())
+    charged = {(i.name, i.category) for bubble in analysis.bubbles for i in bubble.intervals}
+    assert ("ncclKernel_SendRecv", causes.COLLECTIVE) in charged
+    assert ("send", causes.PP_P2P) in charged

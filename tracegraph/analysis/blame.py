@@ -104,6 +104,8 @@ class Blamer:
         self.walk, self.graph = walk, graph
         self.slow_op = slow_op if slow_op is not None else np.zeros(len(graph), dtype=bool)
         self.comm_category = _comm_categories(graph.ops.frame, groups)
+        self.comm_call = (graph.kind == schema.HOST) & (graph.ops.frame["comm"].to_numpy() != "")
+        """host ops that are communication calls: time in them is the communication's"""
 
     def blocked(self, i: int, a: int, b: int) -> list[Interval]:
         """Explain [a, b] inside blocking op `i` (a wait, a P2P half, a collective member)."""
@@ -128,7 +130,7 @@ class Blamer:
             return causes.HOST_LAUNCH
         if piece.why not in (walk.RAN, walk.WAITING):
             return causes.UNKNOWN
-        if self.graph.kind[op] in (schema.COLLECTIVE, schema.P2P):
+        if self.graph.kind[op] in (schema.COLLECTIVE, schema.P2P) or self.comm_call[op]:
             return str(self.comm_category[op])
         return causes.COMPUTE_STRAGGLER if self.slow_op[op] else causes.PIPELINE_FILL
 
@@ -164,13 +166,13 @@ def _merge(pieces: list[Interval]) -> list[Interval]:
 
 def _comm_categories(frame: pd.DataFrame, groups: pd.DataFrame) -> np.ndarray:
     """Per op: its group's parallel dimension's category, else its comm type's, else the
-    category of a collective whose dimension is unknown (never a guess)."""
+    category of communication whose dimension is unknown (never a guess): a point-to-point
+    op is a pipeline transfer only when it names its peer."""
     dims = dict(zip(groups["group"], groups["dim"], strict=True)) if len(groups) else {}
-    group_code, group_names = pd.factorize(frame["group"], use_na_sentinel=False)
-    comm_code, comm_names = pd.factorize(frame["comm"], use_na_sentinel=False)
-    pair, first = np.unique(group_code.astype(np.int64) * len(comm_names) + comm_code,
-                            return_inverse=True)
-    table = np.array([causes.for_collective(str(dims.get(group_names[p // len(comm_names)], "")),
-                                            str(comm_names[p % len(comm_names)]))
-                      for p in pair.tolist()], dtype=object)
-    return table[first]
+    comm = frame["comm"].to_numpy(dtype=object)
+    unpeered = np.isin(comm, list(schema.P2P_COMMS)) & (frame["peer"].to_numpy() < 0)
+    keys = pd.MultiIndex.from_arrays([frame["group"], np.where(unpeered, "", comm)])
+    codes, uniques = pd.factorize(keys)
+    table = np.array([causes.for_collective(str(dims.get(group, "")), str(kind))
+                      for group, kind in uniques], dtype=object)
+    return table[codes]

@@ -11,19 +11,20 @@ from tracegraph.graph.ops import Ops
 
 SLOW_RANK_FACTOR = 1.15  # compute busier than this × the median of the other ranks = straggler
 SLOW_RANK_SHARE = 0.05  # ... and by at least this share of the profiled time
+OUTLIER_MADS = 3.0  # ... and stands this many robust deviations above the ranks' median
+SLOW_OP_SHARE = 0.01  # an op name is slow on a rank when its excess is this share at least
 
 
 def slow_ranks(walk: BindingWalk, profiled_ns: int) -> set[int]:
     """Ranks whose main-lane work exceeds the other ranks' median by SLOW_RANK_FACTOR and by
-    SLOW_RANK_SHARE of the profiled time.
+    SLOW_RANK_SHARE of the profiled time, and stands out of the ranks' spread.
 
     Work is compute on a device stream; on a host thread, ops plus annotation-only stretches
     that no other thread's op released (sleeping or Python work, not waiting)."""
     graph = walk.graph
     main = graph.ops.main_lanes()
     kind = graph.kind
-    working = np.isin(graph.lane_id, list(main.values())) & np.isin(
-        kind, [schema.COMPUTE, schema.HOST, schema.MARKER])
+    working = np.isin(graph.lane_id, list(main.values())) & own_work(graph.ops.frame)
     for i in np.flatnonzero(working & (kind == schema.MARKER)):
         working[i] = walk.released_by(i) < 0  # a released annotation stretch was a wait
     work = pd.Series(graph.end - graph.start)[working].groupby(
@@ -31,26 +32,50 @@ def slow_ranks(walk: BindingWalk, profiled_ns: int) -> set[int]:
     ns = work.to_numpy()
     others = median_of_others(ns, np.zeros(len(ns), dtype=np.int64)) if len(ns) > 1 else ns
     slow = (ns > SLOW_RANK_FACTOR * others) & (ns - others > SLOW_RANK_SHARE * profiled_ns)
-    return {int(r) for r in work.index[slow]}
+    return {int(r) for r in work.index[slow & _outliers(ns)]}
 
 
-def slow_ops(ops: Ops, slow: set[int]) -> np.ndarray:
+def _outliers(values: np.ndarray) -> np.ndarray:
+    """Mask of values beyond the ranks' own spread: more than OUTLIER_MADS robust standard
+    deviations (1.4826 × the median absolute deviation) above the median. Busy hosts make
+    healthy ranks' work vary by half; a straggler stands out of that. Under four ranks the
+    spread says nothing: every value passes."""
+    if len(values) < 4:
+        return np.ones(len(values), dtype=bool)
+    median = np.median(values)
+    spread = 1.4826 * np.median(np.abs(values - median))
+    return values - median > OUTLIER_MADS * spread
+
+
+def own_work(frame: pd.DataFrame) -> np.ndarray:
+    """Mask of the ops that are a rank's own work: compute, annotation stretches, host ops
+    other than communication calls (a blocking `c10d::recv_` is waiting, not work)."""
+    kind = frame["kind"].to_numpy()
+    host_call = (kind == schema.HOST) & (frame["comm"].to_numpy() != "")
+    return np.isin(kind, [schema.COMPUTE, schema.HOST, schema.MARKER]) & ~host_call
+
+
+def slow_ops(ops: Ops, slow: set[int], profiled_ns: int) -> np.ndarray:
     """Per op: is it straggler compute? An op whose name also runs on other ranks is slow when
     its rank's median duration for that name exceeds SLOW_RANK_FACTOR × the other ranks'
-    median (an expert MLP on an overloaded EP rank, every kernel of a slow GPU); an op only
-    its own rank runs is slow when the whole rank is."""
+    median, on a slow rank or with an excess over the rank's ops of that name of SLOW_OP_SHARE
+    of the profiled time at least (every kernel of a slow GPU; an expert MLP on an overloaded
+    EP rank; not the jitter of a tiny op on a busy host); an op only its own rank runs is slow
+    when the whole rank is."""
     frame = ops.frame
     names, ranks = frame["name"].to_numpy(), frame["rank"].to_numpy().astype(np.int64)
     codes, uniques = pd.factorize(names, use_na_sentinel=False)
-    compute = frame["kind"].isin([schema.COMPUTE, schema.HOST, schema.MARKER]).to_numpy(
-        ) & ~pd.isna(names)  # groupby leaves out unnamed ops
+    compute = own_work(frame) & ~pd.isna(names)  # groupby leaves out unnamed ops
     dur = (frame["end"] - frame["start"]).to_numpy()[compute]
-    medians = pd.Series(dur).groupby([codes[compute], ranks[compute]]).median()
+    grouped = pd.Series(dur).groupby([codes[compute], ranks[compute]])
+    medians, counts = grouped.median(), grouped.size().to_numpy()
     name_code = medians.index.get_level_values(0).to_numpy()
     rank = medians.index.get_level_values(1).to_numpy()
     shared = np.bincount(name_code, minlength=len(uniques)) >= 2
     others = median_of_others(medians.to_numpy(), name_code)
-    flagged = shared[name_code] & (medians.to_numpy() > SLOW_RANK_FACTOR * others)
+    weighty = ((medians.to_numpy() - others) * counts >= SLOW_OP_SHARE * profiled_ns) | np.isin(
+        rank, list(slow))
+    flagged = shared[name_code] & (medians.to_numpy() > SLOW_RANK_FACTOR * others) & weighty
     span = int(ranks.max()) + 1 if len(ranks) else 1
     hit = np.isin(codes * span + ranks, name_code[flagged] * span + rank[flagged])
     return hit | (~shared[codes] & np.isin(ranks, list(slow)))
