@@ -118,6 +118,30 @@ def test_recorded_stream_wait_releases_when_its_stream_reaches_it() -> None:
     wait = next(b for b in analysis.bubbles if b.rank == 0 and b.name == "SendRecv")
     assert [(p.start - BASE, p.end - BASE, p.category, p.rank) for p in wait.intervals] == [
         (1 * MS, 10 * MS, causes.PIPELINE_FILL, 1), (10 * MS, 12 * MS, causes.PP_P2P, 0)]
+    assert (wait.sureness, wait.evidence) == ("high", "")  # event ids and a sequenced P2P
+
+
+def test_each_bubble_says_how_sure_its_chain_is() -> None:
+    """The miniature's waits are matched by the Ascend timing rule (no event ids): medium. A
+    collective whose members show different op counts is not matched: who arrived last is
+    unknown, and the bubble says so."""
+    wait = next(b for b in analyze(mini_seed_trace()).bubbles if b.rank == 0)
+    assert (wait.sureness, wait.evidence) == ("medium", "record < 5 µs before it ended")
+    b = builder()
+    b.group("dp", (0, 1), dim="dp")
+    r0, r1 = b.stream(0, 7), b.stream(1, 7)
+    r0.step(1, 0, 100)
+    r0.compute(0, 10)
+    r0.collective(10, 60, group="dp")  # no sequence numbers; rank 1 shows two
+    r1.step(1, 0, 100)
+    r1.collective(0, 5, group="dp")
+    r1.compute(5, 50)
+    r1.collective(50, 60, group="dp")
+    analysis = analyze(b.trace())
+    (blocked,) = [b for b in analysis.bubbles if b.rank == 0]
+    assert any("unsafe" in w for w in analysis.warnings)
+    assert (blocked.sureness, blocked.evidence) == ("low", "a peer's matching op was not found")
+    assert "the member that arrived last is unknown" in blocked.intervals[-1].note
 
 
 def test_root_is_the_origin_of_the_chain_not_its_longest_link() -> None:

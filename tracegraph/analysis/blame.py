@@ -55,6 +55,8 @@ class Bubble:
     step: int
     intervals: list[Interval] = field(default_factory=list)
     op: int = -1  # the waiting op, or the op after the gap (node of the DepGraph)
+    confidence: float = 1.0  # of the least sure link its chain followed (1: ids, sequences)
+    evidence: str = ""  # that link: how it was matched or inferred
 
     @property
     def dur(self) -> int:
@@ -66,6 +68,13 @@ class Bubble:
         for piece in self.intervals:
             totals[piece.category] = totals.get(piece.category, 0) + piece.dur
         return totals
+
+    @property
+    def sureness(self) -> str:
+        """high (links matched by ids or sequence numbers), medium (by order or timing rule)
+        or low (inferred by time, or a peer's op not found)."""
+        return "high" if self.confidence >= 0.95 else "medium" if self.confidence >= 0.7 \
+            else "low"
 
     @property
     def category(self) -> str:

@@ -65,4 +65,5 @@ def _lane_bubbles(blamer: Blamer, inside: np.ndarray, step: int, lo: int, hi: in
 def _bubble(blamer: Blamer, i: int, a: int, b: int, step: int, name: str, intervals) -> Bubble:
     graph = blamer.graph
     return Bubble(rank=int(graph.rank[i]), lane=str(graph.lane[i]), start=int(a), end=int(b),
-                  name=name, step=step, intervals=intervals, op=int(i))
+                  name=name, step=step, intervals=intervals, op=int(i),
+                  confidence=blamer.walk.weakest[0], evidence=blamer.walk.weakest[1])

@@ -55,6 +55,8 @@ def _bubble(bubble: Bubble, origin: int, members: dict[str, tuple[int, ...]],
         "category": bubble.category,
         "root": _root(root, members, present) if root else None,
         "chain": bubble.chain(),
+        "confidence": {"level": bubble.sureness, "score": round(bubble.confidence, 2),
+                       **({"weakest_link": bubble.evidence} if bubble.evidence else {})},
         "intervals": [_interval(p, origin) for p in bubble.intervals],
     }
 

@@ -19,7 +19,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from tracegraph import schema
-from tracegraph.graph.depgraph import DepGraph
+from tracegraph.graph.depgraph import (
+    INFERRED_CONFIDENCE,
+    INFERRED_REASONS,
+    LAUNCH_CONFIDENCE,
+    DepGraph,
+)
 
 MAX_DEPTH = 600  # links followed before the rest of a stretch is left unexplained
 sys.setrecursionlimit(max(sys.getrecursionlimit(), 8 * MAX_DEPTH + 1_000))  # a frame or 4 a link
@@ -38,6 +43,7 @@ HOST_IDLE = "host thread idle"
 LAUNCHER = "waiting for the host op that launched it"
 STEP_TAIL = "step marker runs past the rank's last op"  # only at the end of a critical path
 _BLOCKING = (schema.WAIT, schema.COLLECTIVE, schema.P2P)
+UNMATCHED_CONFIDENCE = 0.3  # a comm op whose peers' op was not found: who was late is unknown
 
 
 @dataclass
@@ -61,6 +67,8 @@ class BindingWalk:
         self.graph = graph
         self.start, self.end, self.kind = graph.start, graph.end, graph.kind
         self._pass_ns: dict[int, int] = {}  # recorded stream wait -> when it passed
+        self.weakest: tuple[float, str] = (1.0, "")
+        """the least sure link the last walk followed: (confidence, why it was drawn)"""
 
     # --- entry points ------------------------------------------------------------------------
     def blocked(self, i: int, a: int, b: int) -> list[Piece]:
@@ -79,6 +87,7 @@ class BindingWalk:
         """Explain all of [a, b], up to the end of op j: j's own execution, then what held its
         lane (and, through its binding dependencies, other lanes and ranks) before it."""
         out: list[Piece] = []
+        self.weakest = (1.0, "")
         lo = max(a, self.start[j])
         if lo < b:
             self._op(j, lo, b, 0, out)
@@ -97,8 +106,19 @@ class BindingWalk:
             return WAIT
         return TRANSFER if self.kind[piece.op] in (schema.COLLECTIVE, schema.P2P) else COMPUTE
 
+    def _link(self, confidence: float, reason: str) -> None:
+        """Note a link the walk follows; keep the least sure one."""
+        if confidence < self.weakest[0]:
+            self.weakest = (float(confidence), str(reason))
+
+    def _follow(self, src: int, dst: int, kind: str) -> None:
+        """Follow an edge inferred by time: recorded in the graph, noted as a link."""
+        self.graph.record(src, dst, kind)
+        self._link(INFERRED_CONFIDENCE[kind], f"{INFERRED_REASONS[kind]} (inferred by time)")
+
     def _collect(self, step: Callable, i: int, a: int, b: int) -> list[Piece]:
         out: list[Piece] = []
+        self.weakest = (1.0, "")
         step(i, a, b, 0, out)
         return sorted(out, key=lambda p: p.start)
 
@@ -110,6 +130,7 @@ class BindingWalk:
         if d >= 0 and depth < MAX_DEPTH:
             release = self._release(i, d)
             if release > a:
+                self._link(self.graph.dep_confidence[i], self.graph.dep_reason[i])
                 cut = min(b, release)
                 first_new = len(out)
                 self._released(i, d, a, cut, depth + 1, out)
@@ -163,6 +184,7 @@ class BindingWalk:
         reached = self._reached(w)
         if b > max(a, reached):
             if self.graph.dep[w] >= 0 and depth < MAX_DEPTH:
+                self._link(self.graph.dep_confidence[w], self.graph.dep_reason[w])
                 self._released(w, self.graph.dep[w], max(a, reached), b, depth + 1, out)
             else:
                 _add(out, w, max(a, reached), b, UNMATCHED_STREAM_WAIT)
@@ -225,12 +247,14 @@ class BindingWalk:
         if p >= 0 and self.kind[p] == schema.WAIT and graph.dep[p] >= 0:
             release = self._release(p, graph.dep[p])
             if release > a and depth < MAX_DEPTH:  # a stream wait whose device side shows as a gap
+                self._link(graph.dep_confidence[p], graph.dep_reason[p])
                 cut = min(b, release)
                 self._released(p, graph.dep[p], a, cut, depth + 1, out)
                 a = cut
         launcher = graph.launcher[n]
         if b > a and launcher >= 0 and self.start[launcher] < b:
             lo = max(a, self.start[launcher])
+            self._link(LAUNCH_CONFIDENCE, "host launch: the last call of its comm type before it")
             _add(out, launcher, lo, b, LAUNCHER)
             b = lo
             if b > a:
@@ -248,14 +272,14 @@ class BindingWalk:
         launch = graph.launch[n]
         freed = graph.host_sync(n) if a < launch and depth < MAX_DEPTH else -1
         if freed >= 0 and self.end[freed] > a:
-            graph.record(freed, n, "host_sync")
+            self._follow(freed, n, "host_sync")
             cut = min(b, self.end[freed])
             self._released_thread(freed, a, cut, depth, out)
             a = cut
         queued = graph.shared_queue(n, a, b) \
             if b - a >= MIN_PIECE_NS and depth < MAX_DEPTH and launch < a else -1
         if queued >= 0:  # one hardware queue: n ran as soon as an op on another stream ended
-            graph.record(queued, n, "shared_queue")
+            self._follow(queued, n, "shared_queue")
             cut = min(b, self.end[queued])
             self._released_thread(queued, a, cut, depth, out)
             a = cut
@@ -275,7 +299,7 @@ class BindingWalk:
         """A host thread inside an annotation but in no op: waiting, or busy (sleep, Python)."""
         releaser = self.released_by(k)
         if releaser >= 0 and depth < MAX_DEPTH and self.end[releaser] > a:
-            self.graph.record(releaser, k, "host_release")
+            self._follow(releaser, k, "host_release")
             self._released_thread(releaser, a, b, depth, out)
         else:
             _add(out, k, a, b, RAN)
@@ -283,7 +307,7 @@ class BindingWalk:
     def _idle_thread_until(self, n: int, a: int, b: int, depth: int, out: list[Piece]) -> None:
         releaser = self.graph.host_release(n, a, b)
         if releaser >= 0 and depth < MAX_DEPTH:
-            self.graph.record(releaser, n, "host_release")
+            self._follow(releaser, n, "host_release")
             self._released_thread(releaser, a, b, depth, out)
         else:
             _add(out, n, a, b, HOST_IDLE)
@@ -308,6 +332,8 @@ class BindingWalk:
         if self.kind[i] == schema.WAIT:
             _add(out, i, a, b, NO_RECORD)
         elif self.graph.dep[i] < 0 and (self.graph.unprofiled[i] or self.graph.unmatched[i]):
+            if self.graph.unmatched[i]:
+                self._link(UNMATCHED_CONFIDENCE, "a peer's matching op was not found")
             _add(out, i, a, b, WAITING)
         else:
             _add(out, i, a, b, RAN)

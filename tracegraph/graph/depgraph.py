@@ -84,6 +84,8 @@ class DepGraph:
         self.host_side = host_side_waits(frame)
         lanes = self.lane_id.max() + 1 if len(frame) else 0
         self.lane_first = np.searchsorted(self.lane_id, np.arange(lanes + 1))
+        self.dep_confidence = np.ones(len(frame), dtype=np.float32)  # of each op's dep edge
+        self.dep_reason = np.full(len(frame), "", dtype=object)
         self._comm_ends = _ends_by_rank(frame, self.end, _COMM)
         self._device_ends = _ends_by_rank(frame, self.end, _DEVICE_WORK)
 
@@ -199,6 +201,7 @@ class DepGraph:
         return int(ran[(ran > 0) & ~self.host_side[begin:end]].sum())
 
 
+LAUNCH_CONFIDENCE = 0.9  # a gloo worker op's launcher: the last host call of its comm type
 INFERRED_CONFIDENCE = {"host_release": 0.6, "host_sync": 0.6, "shared_queue": 0.7}
 INFERRED_REASONS = {"host_release": "ended as the thread resumed",
                     "host_sync": "ended just before the host launched it",
@@ -230,6 +233,9 @@ def build_graph(ops: Ops, matches: Matches, start: np.ndarray, end: np.ndarray,
                      launch=aligned_launch, unprofiled=unprofiled, unmatched=unmatched,
                      warnings=list(matches.warnings))
     graph._static = _static_edges(graph)
+    deps = graph._static[graph._static["kind"].isin(["event_wait", "p2p", "collective"])]
+    graph.dep_confidence[deps["dst"].to_numpy()] = deps["confidence"].to_numpy()
+    graph.dep_reason[deps["dst"].to_numpy()] = deps["reason"].to_numpy()
     return graph
 
 
@@ -280,7 +286,8 @@ def _static_edges(graph: DepGraph) -> pd.DataFrame:
     pair, coll = graph.how == "p2p", graph.how == "collective"
     parts = [
         (graph.prev[stream], idx[stream], "stream", 1.0, "lane order"),
-        (graph.launcher[graph.launcher >= 0], idx[graph.launcher >= 0], "launch", 0.9,
+        (graph.launcher[graph.launcher >= 0], idx[graph.launcher >= 0], "launch",
+         LAUNCH_CONFIDENCE,
          "last host call of its comm type before it"),
         (graph.dep[wait], idx[wait], "event_wait", np.where(graph.how[wait] == "event_id", 1.0,
                                                             0.9),
