@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tracegraph
 from tests.builder import MS, TraceBuilder
 from tracegraph import causes
 from tracegraph.analysis.analyze import analyze
@@ -76,3 +77,30 @@ def test_waiting_on_unprofiled_members_is_a_wait_charged_to_their_reduction() ->
     (reduction,) = [s for s in analyze(b.trace()).critical_paths[1] if s.start == 10 * MS]
     assert (reduction.kind, reduction.category, reduction.end) == (
         WAIT, causes.DP_REDUCTION, 90 * MS)
+
+
+def test_steps_are_the_device_work_their_host_launched() -> None:
+    """A GPU-bound rank: the host's ProfilerStep#1 (0–10 ms) enqueues a kernel that runs 12–30
+    ms, #2 (10–20 ms) one that runs 30–40 ms; Kineto's GPU-side copies of the markers span only
+    a sliver. Steps are 0–30 and 30–40 ms: the device timeline, tiled."""
+    b = TraceBuilder(unit=MS)
+    host, gpu = b.thread(0, 1, "python"), b.stream(0, 7)
+    for n, (lo, kernel) in enumerate(((0, (12, 30)), (10, (30, 40))), start=1):
+        host.step(n, lo, lo + 10)
+        host.host(lo + 1, lo + 2, "cudaLaunchKernel", correlation=n)
+        gpu.compute(*kernel, correlation=n)
+        gpu.marker(kernel[0], kernel[0] + 0.01, f"ProfilerStep#{n}")
+    steps = analyze(b.trace()).steps
+    assert steps[["step", "start", "end"]].values.tolist() == [[1, 0, 30 * MS], [2, 30 * MS,
+                                                                                 40 * MS]]
+
+
+def test_host_step_markers_win_over_gpu_side_copies_on_a_real_rocm_trace() -> None:
+    """TraceLens' MI300X trace: host ProfilerStep#15..17 last 16.8, 16.0, 15.9 ms; the GPU-side
+    copies 0.016–0.018 ms. Each step covers at least its host marker, and they tile."""
+    from tests.conftest import REAL
+
+    steps = analyze(tracegraph.load(REAL / "kineto/tracelens/mi300", use_cache=False)).steps
+    assert steps["step"].tolist() == [15, 16, 17]
+    assert ((steps["end"] - steps["start"]) > 15 * MS).all()
+    assert (steps["start"].to_numpy()[1:] >= steps["end"].to_numpy()[:-1]).all()

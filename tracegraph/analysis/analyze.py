@@ -70,9 +70,9 @@ def analyze(trace: Trace, *, threshold_ms: float = 1.0, executor: Executor | Non
         bar.advance()
         offsets = estimate_offsets(ops, matches)
         shift = ops.frame["rank"].map(offsets).fillna(0).astype("int64").to_numpy()
-        steps = step_windows(trace.events, offsets)
         graph = build_graph(ops, matches, ops.start - shift, ops.end - shift,
                             trace.group_members())
+        steps = with_launched_work(step_windows(trace.events, offsets), graph)
         bar.advance()
         walk = BindingWalk(graph)
         profiled = profiled_ns(steps, graph.start, graph.end)
@@ -98,6 +98,26 @@ def step_windows(events: pd.DataFrame, offsets: dict[int, int]) -> pd.DataFrame:
                           "end": start + markers["dur_ns"]})
     return steps.sort_values(["step", "rank"], ignore_index=True).drop_duplicates(
         ["rank", "step"], keep="last")
+
+
+def with_launched_work(steps: pd.DataFrame, graph: DepGraph) -> pd.DataFrame:
+    """Steps as the device ran them: a host step marker closes when its last kernel is
+    enqueued, not when it ran. A step ends when the device work its host launched ends (or the
+    marker, if later) and starts when the marker does, unless the device was still running the
+    step before: then where that work ended. The steps of a rank so tile its device timeline."""
+    launched = np.flatnonzero(graph.launch >= 0)
+    if not len(steps) or not len(launched):
+        return steps
+    steps = steps.sort_values(["rank", "start"], ignore_index=True)
+    start, end = steps["start"].to_numpy().copy(), steps["end"].to_numpy().copy()
+    for rank, rows in steps.groupby("rank").indices.items():
+        ops = launched[graph.rank[launched] == rank]
+        window = np.searchsorted(start[rows], graph.launch[ops], "right") - 1
+        inside = (window >= 0) & (graph.launch[ops] < end[rows[np.maximum(window, 0)]])
+        np.maximum.at(end, rows[window[inside]], graph.end[ops[inside]])
+        previous = np.maximum.accumulate(end[rows])  # where the device was when each began
+        start[rows[1:]] = np.maximum(start[rows[1:]], previous[:-1])
+    return steps.assign(start=start, end=end).sort_values(["step", "rank"], ignore_index=True)
 
 
 def _path_windows(steps: pd.DataFrame, graph: DepGraph

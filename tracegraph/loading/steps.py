@@ -21,11 +21,17 @@ def is_step_marker(events: pd.DataFrame) -> pd.Series:
 
 
 def step_markers(events: pd.DataFrame) -> pd.DataFrame:
-    """rank, step (N), start_ns, dur_ns of every `ProfilerStep#N` marker."""
-    markers = events.loc[is_step_marker(events).to_numpy(), ["rank", "name", "start_ns", "dur_ns"]]
-    return pd.DataFrame({
+    """rank, step (N), start_ns, dur_ns of the `ProfilerStep#N` marker of each rank and step:
+    the host's (where the step's work is issued), else a device-side copy (Kineto also writes
+    a GPU-side `ProfilerStep#N` spanning only the kernels of the step that ran in it)."""
+    columns = ["rank", "name", "start_ns", "dur_ns", "lane_kind"]
+    markers = events.loc[is_step_marker(events).to_numpy(), columns]
+    steps = pd.DataFrame({
         "rank": markers["rank"].astype("int64"),
         "step": markers["name"].str.extract(STEP_NAME, expand=False).astype("int64"),
         "start_ns": markers["start_ns"].astype("int64"),
         "dur_ns": markers["dur_ns"].astype("int64"),
+        "host": (markers["lane_kind"] == schema.THREAD).to_numpy(dtype=bool, na_value=False),
     })
+    steps = steps.sort_values(["rank", "step", "host"], kind="stable")
+    return steps.drop_duplicates(["rank", "step"], keep="last").drop(columns="host")
