@@ -19,7 +19,8 @@ from tracegraph.verify import checks
 PUBLIC = {"DP_REDUCTION": "dp_reduction", "PP_P2P": "pp_p2p", "EP_ALLTOALL": "ep_alltoall",
           "TP_COLLECTIVE": "tp_collective", "CP_COLLECTIVE": "cp_collective",
           "COLLECTIVE": "collective", "COMPUTE_STRAGGLER": "compute_straggler",
-          "HOST_LAUNCH": "host_launch", "PIPELINE_FILL": "pipeline_fill", "UNKNOWN": "unknown"}
+          "HOST_LAUNCH": "host_launch", "PIPELINE_FILL": "pipeline_fill",
+          "PEER_COMPUTE": "peer_compute", "UNKNOWN": "unknown"}
 
 
 def test_the_public_names_are_declared_once_each() -> None:

@@ -33,6 +33,7 @@ COLLECTIVE = "collective"
 COMPUTE_STRAGGLER = "compute_straggler"
 HOST_LAUNCH = "host_launch"
 PIPELINE_FILL = "pipeline_fill"
+PEER_COMPUTE = "peer_compute"
 UNKNOWN = "unknown"
 
 REGISTRY: tuple[Cause, ...] = (
@@ -54,6 +55,8 @@ REGISTRY: tuple[Cause, ...] = (
           "(CPU-bound launch, Python overhead, data loading)"),
     Cause(PIPELINE_FILL, "", "#f0b84a", "inherent pipeline warm-up / cool-down of the schedule "
           "(expected, shrinks with more microbatches)"),
+    Cause(PEER_COMPUTE, "", "#c7c7a0", "waiting for a peer's compute within the ranks' normal "
+          "variation, in a job without a pipeline (no straggler, no pipeline dependency)"),
     Cause(UNKNOWN, "", "#7f7f7f", "time the causal walk could not explain (no matching record, "
           "or the chain was too deep)"),
 )

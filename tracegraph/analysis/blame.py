@@ -113,6 +113,10 @@ class Blamer:
         self.walk, self.graph = walk, graph
         self.slow_op = slow_op if slow_op is not None else np.zeros(len(graph), dtype=bool)
         self.comm_category = _comm_categories(graph.ops.frame, groups)
+        self.idle_compute = causes.PIPELINE_FILL if _pipelined(graph.ops.frame, groups) \
+            else causes.PEER_COMPUTE
+        """what waiting on compute that no straggler did is: a pipeline's dependency, or, in a
+        job without one, a peer's normal variation"""
         self.comm_call = (graph.kind == schema.HOST) & (graph.ops.frame["comm"].to_numpy() != "")
         """host ops that are communication calls: time in them is the communication's"""
 
@@ -141,7 +145,7 @@ class Blamer:
             return causes.UNKNOWN
         if self.graph.kind[op] in (schema.COLLECTIVE, schema.P2P) or self.comm_call[op]:
             return str(self.comm_category[op])
-        return causes.COMPUTE_STRAGGLER if self.slow_op[op] else causes.PIPELINE_FILL
+        return causes.COMPUTE_STRAGGLER if self.slow_op[op] else self.idle_compute
 
     def _interval(self, piece: Piece) -> Interval:
         graph, op = self.graph, piece.op
@@ -185,3 +189,11 @@ def _comm_categories(frame: pd.DataFrame, groups: pd.DataFrame) -> np.ndarray:
     table = np.array([causes.for_collective(str(dims.get(group, "")), str(kind))
                       for group, kind in uniques], dtype=object)
     return table[codes]
+
+
+def _pipelined(frame: pd.DataFrame, groups: pd.DataFrame) -> bool:
+    """Whether the job has pipeline parallelism: a pp group, or P2P ops naming their peer."""
+    if len(groups) and (groups["dim"] == "pp").any():
+        return True
+    return bool(((frame["kind"] == schema.P2P) & (frame["peer"] >= 0)).any())
+
