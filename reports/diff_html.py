@@ -9,7 +9,7 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 
-from reports.markdown import verdict_line
+from reports.markdown import diff_bubble_title, verdict_line
 from reports.waterfall import MAX_SEGMENTS, step_window, waterfall
 from tracegraph.analysis.analyze import Analysis
 from tracegraph.verify import metrics
@@ -56,14 +56,14 @@ def diff_waterfalls(before: Analysis, after: Analysis) -> list[go.Figure]:
 
 
 def category_bars(report: dict[str, object]) -> go.Figure:
-    """Bubble ms per step by root-cause category, before next to after."""
+    """Bubble rank·ms per step by root-cause category (summed over ranks), before next to
+    after."""
     rows = report["bubbles"]
     fig = go.Figure([go.Bar(x=[r["category"] for r in rows], y=[r[f"{side}_ms"] for r in rows],
                             name=side, marker_color=color)
                      for side, color in SIDE_COLORS.items()])
     fig.update_layout(barmode="group", template="plotly_white", height=380,
-                      title="bubble time by root cause (ms per step, all ranks)",
-                      yaxis_title="ms per step")
+                      title=diff_bubble_title(report), yaxis_title="rank·ms per step")
     return fig
 
 

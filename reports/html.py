@@ -1,8 +1,9 @@
 """The HTML report: one self-contained page (plotly.js embedded, no network) per analysis.
 
-Per step: the step time, bubble share and top causes, the waterfall (reports/waterfall.py) and,
-when stages and microbatches can be recovered, the pipeline view (reports/pipeline.py). Then the
-bubble time per category, the clock offsets applied and the warnings.
+Per step: the step time, bubble share (rank·ms summed over the ranks), the slowest rank's own
+exposed bubble time by cause, the top causes, the waterfall (reports/waterfall.py) and, when stages
+and microbatches can be recovered, the pipeline view (reports/pipeline.py). Then the bubble time
+per category (rank·ms, summed over ranks), the clock offsets applied and the warnings.
 """
 
 from __future__ import annotations
@@ -12,12 +13,14 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 
+from reports.markdown import rank_sum
 from reports.pipeline import pipeline_figure
 from reports.waterfall import MAX_SEGMENTS, waterfall
 from tracegraph import causes
 from tracegraph.analysis.analyze import PROGRESS_EVENTS
 from tracegraph.analysis.summary import summarize
 from tracegraph.progress import Progress
+from tracegraph.verify import metrics
 
 MAX_STEPS = 8  # steps drawn when none is chosen: the slowest ones
 MAX_OFFSETS_SHOWN = 16  # clock offsets listed in the header (all of them under Totals)
@@ -36,12 +39,14 @@ td.n { text-align: right; font-variant-numeric: tabular-nums; }
 def render(analysis, *, step: int | None = None, top: int = 10, pipeline=None) -> str:
     """The whole report page as a string."""
     steps = shown_steps(analysis, step)
+    slowest = metrics.slowest_rank_bubbles(analysis)
     figures: list[str] = []
     sections = []
     with Progress("report: steps drawn", total=len(steps),
                   enabled=len(analysis.trace.events) > PROGRESS_EVENTS) as bar:
         for s in steps:
-            sections.append(_step_section(analysis, s, top, pipeline, figures, len(steps)))
+            sections.append(_step_section(analysis, s, top, pipeline, figures, len(steps),
+                                          slowest.get(s)))
             bar.advance()
     title = f"tracegraph report: {analysis.trace.source}"
     body = [f"<h1>{escape(title)}</h1>", _overview(analysis, steps, pipeline), *sections,
@@ -82,17 +87,17 @@ def _figure_html(fig: go.Figure, figures: list[str]) -> str:
 
 
 def _step_section(analysis, step: int, top: int, pipeline, figures: list[str],
-                  count: int) -> str:
+                  count: int, slowest: metrics.SlowestRank | None) -> str:
     summary = summarize(analysis, step=None if step < 0 else step, top=top)
     fig = waterfall(analysis, step, top=top, max_segments=MAX_SEGMENTS // count)
     parts = [f"<h2>{'Step ' + str(step) if step >= 0 else 'Whole trace'}</h2>",
-             _kpis(summary), _causes(summary["bubbles"]), _figure_html(fig, figures)]
+             _kpis(summary, slowest), _causes(summary["bubbles"]), _figure_html(fig, figures)]
     if pipeline is not None and step in pipeline.steps:
         parts.append(_figure_html(pipeline_figure(pipeline, step, analysis.origin), figures))
     return "<section>" + "\n".join(parts) + "</section>"
 
 
-def _kpis(summary: dict[str, object]) -> str:
+def _kpis(summary: dict[str, object], slowest: metrics.SlowestRank | None) -> str:
     rows = summary["steps"]
     if not rows:
         return "<p class=\"note\">No ProfilerStep markers: the whole trace is one window.</p>"
@@ -100,11 +105,24 @@ def _kpis(summary: dict[str, object]) -> str:
     ranks_ms = sum(info["time_ms"].values())
     bubble_ms = sum(info["bubble_ms"].values())
     share = bubble_ms / ranks_ms if ranks_ms else 0.0
-    slowest = max(info["time_ms"], key=info["time_ms"].get)
+    rank = slowest.rank if slowest else max(info["time_ms"], key=info["time_ms"].get)
     return (f"<p><span class=\"kpi\">step time <b>{info['max_ms']:.1f} ms</b> "
-            f"(slowest: rank {slowest})</span><span class=\"kpi\">bubble share <b>"
-            f"{share:.1%}</b> ({bubble_ms:.1f} ms of {ranks_ms:.1f} rank·ms)</span>"
-            f"<span class=\"kpi\">{summary['bubble_count']} bubbles</span></p>")
+            f"(slowest: rank {rank})</span><span class=\"kpi\">bubble share <b>"
+            f"{share:.1%}</b> ({bubble_ms:.1f} of {ranks_ms:.1f} rank·ms, "
+            f"{rank_sum(len(info['time_ms']))})</span>"
+            f"<span class=\"kpi\">{summary['bubble_count']} bubbles</span></p>"
+            + _slowest(slowest))
+
+
+def _slowest(slowest: metrics.SlowestRank | None) -> str:
+    """The slowest rank's own exposed bubble time in the step, by cause."""
+    if slowest is None:
+        return ""
+    rows = "".join(f"<tr><td>{cause_label(k)}</td><td class=\"n\">{v:.3f}</td></tr>"
+                   for k, v in slowest.by_cause.items())
+    return (f"<table class=\"slowest\"><caption>rank {slowest.rank} (slowest): its own exposed "
+            f"bubble time, <b>{slowest.exposed_ms:.3f} ms</b></caption>"
+            f"<tr><th>category</th><th>ms</th></tr>{rows}</table>")
 
 
 def _causes(bubbles: list[dict[str, object]]) -> str:
@@ -157,8 +175,10 @@ def _totals(analysis, step: int | None) -> str:
     offsets = "".join(f"<tr><td>{r}</td><td class=\"n\">{ns / 1e3:+.1f}</td></tr>"
                       for r, ns in summary["clock_offsets_ns"].items())
     warnings = analysis.trace.warnings + summary["warnings"]
-    parts = ["<h2>Totals</h2>", "<table class=\"blame\"><tr><th>category</th><th>bubble ms</th>"
-             f"<th>meaning</th></tr>{blame}</table>",
+    ranks = f"{rank_sum(len(analysis.trace.rank_ids))} (rank·ms)"
+    parts = ["<h2>Totals</h2>", f"<table class=\"blame\"><caption>bubble time by cause, "
+             f"{'all steps' if step is None else f'step {step}'}, {ranks}</caption>"
+             f"<tr><th>category</th><th>bubble rank·ms</th><th>meaning</th></tr>{blame}</table>",
              "<table class=\"offsets\"><tr><th>rank</th><th>clock offset applied (µs)</th>"
              f"</tr>{offsets}</table>"]
     if summary["slow_ranks"]:

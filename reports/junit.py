@@ -1,6 +1,7 @@
 """`tracegraph diff` / `check` results as JUnit XML (the Ant / Jenkins JUnit schema that CI systems
 read): one test case per metric and per check; the numbers go in the suite's properties and
-system-out, failures carry the offending places."""
+system-out, failures carry the offending places, a check that is not applicable is `<skipped>` with
+its reason. When no check applies and the gate fails for it, a failing case says so."""
 
 from __future__ import annotations
 
@@ -9,19 +10,28 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from datetime import datetime
 
-from reports.markdown import ms, pct, ratio, verdict_line, violation_line
+from reports.markdown import (
+    STATUS_WORDS,
+    ms,
+    nothing_verified_line,
+    pct,
+    ratio,
+    verdict_line,
+    violation_line,
+)
 
 CLASSNAME = "tracegraph"
 
 
 @dataclass
 class Case:
-    """One test case: passed when `failure` is empty."""
+    """One test case: passed when `failure` and `skipped` are empty."""
 
     name: str
     classname: str
     failure: str = ""  # one-line message
     details: str = ""  # the failure's text body
+    skipped: str = ""  # why it was not run (a check that is not applicable)
 
 
 def junit_xml(suite: str, cases: list[Case], properties: dict[str, str], output: str = "") -> str:
@@ -29,8 +39,8 @@ def junit_xml(suite: str, cases: list[Case], properties: dict[str, str], output:
     root = ET.Element("testsuite", {
         "name": suite, "timestamp": datetime.now().strftime("%Y-%m-%dT%H:%M:%S"),
         "hostname": socket.gethostname() or "localhost", "tests": str(len(cases)),
-        "failures": str(sum(bool(c.failure) for c in cases)), "errors": "0", "skipped": "0",
-        "time": "0"})
+        "failures": str(sum(bool(c.failure) for c in cases)), "errors": "0",
+        "skipped": str(sum(bool(c.skipped) for c in cases)), "time": "0"})
     props = ET.SubElement(root, "properties")
     for name, value in properties.items():
         ET.SubElement(props, "property", {"name": name, "value": str(value)})
@@ -41,6 +51,8 @@ def junit_xml(suite: str, cases: list[Case], properties: dict[str, str], output:
             failure = ET.SubElement(element, "failure", {"message": case.failure,
                                                          "type": "CheckFailed"})
             failure.text = case.details or case.failure
+        elif case.skipped:
+            ET.SubElement(element, "skipped", {"message": case.skipped})
     ET.SubElement(root, "system-out").text = output
     ET.SubElement(root, "system-err").text = ""
     ET.indent(root)
@@ -57,7 +69,7 @@ def diff_junit(report: dict[str, object], regression_pct: float | None) -> str:
     cases = [Case("step_time", f"{CLASSNAME}.diff", failure)]
     cases += [Case(f"bubble.{r['category']}", f"{CLASSNAME}.diff") for r in report["bubbles"]]
     cases += [Case(f"overlap.{r['dim']}", f"{CLASSNAME}.diff") for r in report["overlap"]]
-    cases += check_cases([c["after"] for c in report.get("checks", [])])
+    cases += check_cases([c["after"] for c in report.get("checks", [])], report)
     props = {"verdict": report["verdict"], "step_ms.before": ms(step["before_ms"]),
              "step_ms.after": ms(step["after_ms"]), "step_change": pct(step["change_pct"])}
     props |= {f"bubble_ms.{r['category']}": f"{ms(r['before_ms'])} -> {ms(r['after_ms'])}"
@@ -69,17 +81,23 @@ def diff_junit(report: dict[str, object], regression_pct: float | None) -> str:
 
 def check_junit(report: dict[str, object]) -> str:
     """`tracegraph check` as a suite, one case per check."""
-    cases = check_cases(report["checks"])
-    text = "\n".join(f"{c['name']}: {'pass' if c['passed'] else 'FAIL'}: {c['summary']}"
+    cases = check_cases(report["checks"], report)
+    text = "\n".join(f"{c['name']}: {STATUS_WORDS[c['status']]}: {c['summary']}"
                      for c in report["checks"])
     return junit_xml("tracegraph check", cases, {"source": report["source"],
                                                  "step_ms": ms(report["step_ms"])}, text)
 
 
-def check_cases(checks: list[dict[str, object]]) -> list[Case]:
-    return [Case(c["name"], f"{CLASSNAME}.check.{c['rule']}",
-                 "" if c["passed"] else f"{c['summary']}; {len(c['violations'])} places",
-                 "\n".join(violation_line(v) for v in c["violations"])) for c in checks]
+def check_cases(checks: list[dict[str, object]], report: dict[str, object]) -> list[Case]:
+    """One case per check; plus a failing one when no check applies and that fails the gate."""
+    cases = [Case(c["name"], f"{CLASSNAME}.check.{c['rule']}",
+                  f"{c['summary']}; {len(c['violations'])} places" if c["status"] == "fail"
+                  else "", "\n".join(violation_line(v) for v in c["violations"]),
+                  c["reason"] or "") for c in checks]
+    if report.get("nothing_verified") and not report.get("allow_not_applicable"):
+        cases.append(Case("checks applicable", f"{CLASSNAME}.check",
+                          nothing_verified_line(report)))
+    return cases
 
 
 def _diff_text(report: dict[str, object]) -> str:

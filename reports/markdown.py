@@ -8,6 +8,8 @@ from collections.abc import Iterable, Sequence
 STATE_TITLES = {"disappeared": "Chains that disappeared", "shrank": "Chains that shrank",
                 "grew": "Chains that grew", "appeared": "Chains that appeared"}
 VERDICT_MARKS = {"improved": "✅", "unchanged": "➖", "regressed": "❌"}
+STATUS_WORDS = {"pass": "pass", "fail": "FAIL", "not_applicable": "not applicable"}
+NOTHING_VERIFIED = "every check is not applicable to this profile: the gate verified nothing"
 
 
 # --- shared number formats ---------------------------------------------------------------------
@@ -36,7 +38,30 @@ def root_text(chain: dict[str, object]) -> str:
 
 
 def check_status(result: dict[str, object] | None) -> str:
-    return "–" if result is None else ("pass" if result["passed"] else "FAIL")
+    """pass, FAIL or not applicable (– for no result)."""
+    return "–" if result is None else STATUS_WORDS[result["status"]]
+
+
+def checks_line(counts: dict[str, int]) -> str:
+    """"2 of 3 checks pass", "2 of 2 checks pass, 1 not applicable", or none applies."""
+    skipped = counts["not_applicable"]
+    applied = counts["pass"] + counts["fail"]
+    if skipped and not applied:
+        return f"no check applies: {skipped} of {skipped} not applicable"
+    line = f"{counts['pass']} of {applied} checks pass"
+    return line + (f", {skipped} not applicable" if skipped else "")
+
+
+def rank_sum(before: int, after: int | None = None) -> str:
+    """What a total sums over: "summed over 4 ranks"; a diff's two sides may differ."""
+    ranks = f"{before}" if after in (None, before) else f"{before} (before) / {after} (after)"
+    return f"summed over {ranks} ranks"
+
+
+def diff_bubble_title(report: dict[str, object]) -> str:
+    """The title of a diff's bubble table: per step, and what it sums over."""
+    counts = (len(report[side]["ranks"]) for side in ("before", "after"))
+    return f"bubble time by root cause per step, {rank_sum(*counts)} (rank·ms)"
 
 
 # --- Markdown ----------------------------------------------------------------------------------
@@ -49,7 +74,8 @@ def diff_markdown(report: dict[str, object], *, limit: int = 10) -> str:
     lines += _section("Step time (ms, median over steps)", ["rank", "before", "after", "change"],
                       [[r["rank"], ms(r["before_ms"]), ms(r["after_ms"]), pct(r["change_pct"])]
                        for r in report["ranks"]])
-    lines += _section("Bubble time by root cause (ms per step, all ranks)",
+    title = diff_bubble_title(report)
+    lines += _section(title[0].upper() + title[1:],
                       ["category", "before", "after", "change"],
                       [[r["category"], ms(r["before_ms"]), ms(r["after_ms"]), ms(r["change_ms"])]
                        for r in report["bubbles"]])
@@ -68,33 +94,52 @@ def diff_markdown(report: dict[str, object], *, limit: int = 10) -> str:
                             ms(c["after_ms"]), " ← ".join(map(str, c["chain"]))]
                            for c in chains])
     if report.get("checks"):
-        lines += checks_section(report["checks"], limit=limit)
+        lines += _nothing_verified(report)
+        lines += checks_section(report["checks"], report["check_counts"], limit=limit)
     return "\n".join(lines).rstrip() + "\n"
 
 
 def check_markdown(report: dict[str, object], *, limit: int = 10) -> str:
     """The result of `tracegraph check`: one row per check, then each failure's places."""
-    passed = sum(c["passed"] for c in report["checks"])
-    mark = "✅" if report["passed"] else "❌"
-    lines = [f"## tracegraph check {mark} {passed} of {len(report['checks'])} checks pass", "",
+    mark = "⚠️" if report["nothing_verified"] else ("✅" if report["passed"] else "❌")
+    lines = [f"## tracegraph check {mark} {checks_line(report['check_counts'])}", "",
              f"profile `{report['source']}` · step time {ms(report['step_ms'])} ms", ""]
+    lines += _nothing_verified(report)
     lines += _section("Checks", ["check", "result", "measured"],
                       [[c["name"], check_status(c), c["summary"]] for c in report["checks"]])
-    lines += _failures([c for c in report["checks"] if not c["passed"]], limit)
+    lines += _failures(report["checks"], limit)
     return "\n".join(lines).rstrip() + "\n"
 
 
-def checks_section(checks: list[dict[str, object]], *, limit: int = 10) -> list[str]:
-    """Checks evaluated on both profiles of a diff (the after profile decides)."""
-    lines = _section("Checks", ["check", "before", "after", "after: measured"],
+def nothing_verified_line(report: dict[str, object]) -> str:
+    """The loud line when no check applied ("" otherwise), with what it did to the exit code."""
+    if not report["nothing_verified"]:
+        return ""
+    then = ("exit 0 (--allow-not-applicable)" if report["allow_not_applicable"]
+            else "exit 1 (--allow-not-applicable accepts it)")
+    return f"{NOTHING_VERIFIED}; {then}"
+
+
+def _nothing_verified(report: dict[str, object]) -> list[str]:
+    line = nothing_verified_line(report)
+    return [f"**⚠️ {line[0].upper()}{line[1:]}**", ""] if line else []
+
+
+def checks_section(checks: list[dict[str, object]], counts: dict[str, int], *,
+                   limit: int = 10) -> list[str]:
+    """Checks evaluated on both profiles of a diff (the after profile decides; `counts`: its
+    statuses)."""
+    lines = _section(f"Checks (after: {checks_line(counts)})",
+                     ["check", "before", "after", "after: measured"],
                      [[c["name"], check_status(c["before"]), check_status(c["after"]),
                        c["after"]["summary"]] for c in checks])
-    return lines + _failures([c["after"] for c in checks if not c["after"]["passed"]], limit)
+    return lines + _failures([c["after"] for c in checks], limit)
 
 
-def _failures(failed: Iterable[dict[str, object]], limit: int) -> list[str]:
+def _failures(checks: Iterable[dict[str, object]], limit: int) -> list[str]:
+    """Each failed check's places, up to `limit` of them."""
     lines = []
-    for check in failed:
+    for check in (c for c in checks if c["status"] == "fail"):
         places = check["violations"]
         lines.append(f"**{check['name']}** failed at {len(places)} places:")
         lines += [f"- {violation_line(v)}" for v in places[:limit]]

@@ -7,7 +7,9 @@
   drained by a wait 120 → 130 ms);
 - the simulated seed bundles (hsdp-straggler-sync / -async, Ascend and Kineto), checked against
   the simulator's own Timeline (its meta_step labels FSDP_REDUCE_GRAD and BWD_SEND);
-- real profiles, with the numbers read from the raw files by hand (stated at each test).
+- real profiles, with the numbers read from the raw files by hand (stated at each test);
+- a two-stage miniature with no data parallelism (mini_pp_trace) and the real Ascend export that
+  holds communication summaries only, for checks that are not applicable.
 """
 
 from __future__ import annotations
@@ -26,19 +28,27 @@ from typer.testing import CliRunner
 
 from parsers.base import GroupInfo, TraceError
 from tests.conftest import REAL, REPO
-from tests.test_blame_chain import mini_seed_trace, op
+from tests.test_blame_chain import BSR, P2P, builder, mini_seed_trace, op
 from tracegraph import causes, schema
 from tracegraph.analysis.analyze import Analysis, analyze
 from tracegraph.cli.app import app
 from tracegraph.loading.groups import groups_frame
 from tracegraph.loading.loader import load
 from tracegraph.loading.trace import Trace
-from tracegraph.verify.checks import PRESETS, CheckResult, evaluate, load_rules, preset
+from tracegraph.verify.checks import (
+    NOT_APPLICABLE,
+    PRESETS,
+    CheckResult,
+    evaluate,
+    load_rules,
+    preset,
+)
 
 MS = 1_000_000
 JUNIT_XSD = REPO / "tests" / "data" / "junit.xsd"
 GLOO = REAL / "kineto" / "gloo_pp2_dp2"
 DDP = REAL / "ascend" / "torch_npu_ddp8_level1"
+COMM_ONLY = REAL / "ascend" / "torch_npu_pp2dp2_level2_comm"  # communication.json only
 SEED = "hsdp-async-reduction"
 
 
@@ -68,6 +78,28 @@ def mini_async_trace() -> Trace:
     ]
     return trace_of(rows, [GroupInfo("g01", "pp-0-1", "pp", (0, 1)),
                            GroupInfo("dp1", "hsdp-32", "dp", (1, *range(100, 131)))])
+
+
+def mini_pp_trace() -> Trace:
+    """Two pipeline stages and no data parallelism: rank 0's stream 47 waits 10 → 60 ms on its
+    batchSendRecv with rank 1 (stream 50), whose half is posted at 50.01 ms, after rank 1's
+    compute 0 → 50 ms; the transfer ends at 59.9 ms."""
+    b = builder()
+    r0, r0_50 = b.stream(0, 47), b.stream(0, 50)
+    r0.step(1, 0, 100)
+    r0.compute(0, 10)
+    r0.wait(10, 60)
+    r0.compute(60.001, 100)
+    r0_50.batch_send_recv(10, 59.9, peer=1, name=BSR, **P2P)
+    r0_50.record(59.9995)
+    r1, r1_50 = b.stream(1, 47), b.stream(1, 50)
+    r1.step(1, 0, 100)
+    r1.compute(0, 50, "MatMulGrad")
+    r1.record(50.0)
+    r1.compute(50.1, 100)
+    r1_50.wait(0, 50.0005)
+    r1_50.batch_send_recv(50.01, 59.9, peer=0, name=BSR, **P2P)
+    return b.trace("mini-pp")
 
 
 def trace_of(rows: list[dict], infos: list[GroupInfo]) -> Trace:
@@ -113,6 +145,23 @@ def sim_analysis(mode: str, fmt: str) -> Analysis:
 
 def by_rule(results: list[CheckResult]) -> dict[str, CheckResult]:
     return {r.rule: r for r in results}
+
+
+def validated(xml: Path) -> dict:
+    """A JUnit file checked against the JUnit XSD, as a dict."""
+    schema_ = xmlschema.XMLSchema(JUNIT_XSD)
+    schema_.validate(xml)
+    return schema_.to_dict(xml)
+
+
+def tally(suite: dict) -> tuple[int, int, int]:
+    """A suite's tests, failures and skipped."""
+    return suite["@tests"], suite["@failures"], suite["@skipped"]
+
+
+def skipped(suite: dict) -> dict[str, str]:
+    """Test case name -> its <skipped> message."""
+    return {c["@name"]: c["skipped"]["@message"] for c in suite["testcase"] if "skipped" in c}
 
 
 # --- loading rules -----------------------------------------------------------------------------
@@ -216,8 +265,11 @@ def test_dp_wait_and_overlap_on_the_real_ddp_profile() -> None:
                                        _rule("max_bubble", category=causes.COLLECTIVE, ms=10),
                                        _rule("min_overlap", dim="dp", ratio=0.5)], analysis)
     # The profile names its one HCCL group but not its parallel dimension: its all-reduces are
-    # charged as collectives of unknown dimension, not assumed to be DP reductions.
-    assert dp_wait.passed and not dp_wait.violations
+    # charged as collectives of unknown dimension, not assumed to be DP reductions, so a DP wait
+    # check has nothing to test.
+    assert dp_wait.status == NOT_APPLICABLE and not dp_wait.violations
+    assert dp_wait.reason == "no dp group in this bundle (its collectives' groups have no known " \
+                             "dimension)"
     # trace_view.json, "Ascend Hardware" Stream 2, EVENT_WAIT > 10 ms, read by hand:
     # rank 0: 65554.570 µs and 21871.657 µs; rank 1: 59438.2 µs and 21861.8 µs; each ends as an
     # hcom_allReduce on stream 4 ends (per rank the longest is the violation's span)
@@ -237,6 +289,52 @@ def test_max_step_time_names_the_slowest_rank_of_each_step() -> None:
     # #3 216.508/219.374/217.218/217.173 ms: only step 2 is over 220 ms, its slowest is rank 2
     assert [(v.rank, v.step) for v in step.violations] == [(2, 2)]
     assert step.value == pytest.approx(227.682, abs=1e-3)
+
+
+# --- not applicable ----------------------------------------------------------------------------
+def test_dp_rules_are_not_applicable_without_a_dp_group() -> None:
+    dp_wait, dp_bubble, pp_wait, *seed = evaluate(
+        [_rule("max_group_wait", dim="dp", ms=1),
+         _rule("max_bubble", category=causes.DP_REDUCTION, ms=1),
+         _rule("max_group_wait", dim="pp", ms=10), *preset(SEED)], analyze(mini_pp_trace()))
+    skipped_ = [dp_wait, dp_bubble, *seed]
+    assert [r.status for r in skipped_] == [NOT_APPLICABLE] * 5
+    assert dp_wait.reason == dp_bubble.reason == "no dp group in this bundle"
+    assert [r.reason for r in seed] == ["no DP reduction in this bundle"] * 2 + [
+        "no dp communication in this bundle's steps"]
+    assert all(r.summary == r.reason and not r.violations and r.value is None for r in skipped_)
+    assert dp_wait.as_dict() | {"name": ""} == {
+        "name": "", "rule": "max_group_wait", "passed": True, "status": NOT_APPLICABLE,
+        "reason": "no dp group in this bundle", "summary": "no dp group in this bundle",
+        "value": None, "violations": []}
+    # the same bundle's PP wait is tested: rank 0's 10 → 60 ms wait, released by its P2P
+    assert pp_wait.status == "fail" and pp_wait.reason == ""
+    assert [(v.rank, v.start_ms, v.end_ms) for v in pp_wait.violations] == [(0, 10.0, 60.0)]
+
+
+def test_dp_rules_apply_on_the_real_gloo_profile() -> None:
+    # pg_config names groups 1 = (0, 2) and 2 = (1, 3) dp; rank 1 sleeps 200 ms before its DP
+    # all_reduce (README), so its DP peer waits longer than that on the all_reduce
+    dp_wait, reduction = evaluate([_rule("max_group_wait", dim="dp", ms=1000),
+                                   _rule("max_bubble", category=causes.DP_REDUCTION, ms=1000)],
+                                  analyze(load(GLOO, jobs=1)))
+    assert dp_wait.status == reduction.status == "pass"
+    assert dp_wait.value > 200 and reduction.value > 0
+
+
+def test_checks_on_a_bundle_without_timeline_are_not_applicable() -> None:
+    # communication.json only (every rank: "no trace, no timeline"): nothing computes, so there
+    # is nothing to overlap with, and no main lane to wait on
+    overlap, pp_wait, *seed = evaluate([_rule("min_overlap", dim="dp"),
+                                        _rule("max_group_wait", dim="pp", ms=1), *preset(SEED)],
+                                       analyze(load(COMM_ONLY, jobs=1, use_cache=False)))
+    assert [r.status for r in (overlap, pp_wait, *seed)] == [NOT_APPLICABLE] * 5
+    assert overlap.reason == pp_wait.reason == "no compute timeline in this bundle"
+    wait, late, seed_overlap = seed
+    assert wait.reason == seed_overlap.reason == "no compute timeline in this bundle"
+    # it has P2P and DP reductions, but no P2P posted while one ran: "0 of 0" is not a pass
+    assert late.reason == ("no P2P posted during or within 1.0 ms after a stage reduction of at "
+                           "least 1.0 ms")
 
 
 # --- the simulated seed case -------------------------------------------------------------------
@@ -356,17 +454,57 @@ def test_check_command_exit_codes_markdown_and_junit(tmp_path: Path) -> None:
     assert "FAIL" in failed.stdout and "rank 12288 (stage 3)" in failed.stdout
     text = md.read_text()
     assert "0 of 3 checks pass" in text and "rank 8192 (stage 2) step 1" in text
-    schema_ = xmlschema.XMLSchema(JUNIT_XSD)
-    schema_.validate(xml)
-    suite = schema_.to_dict(xml)
-    assert (suite["@tests"], suite["@failures"]) == (3, 3)
+    assert tally(validated(xml)) == (3, 3, 0)
     passed = run_cli("check", after, "--preset", SEED, "--json", "--junit", xml,
                      "--cache-dir", tmp_path / "cache")
     assert passed.exit_code == 0, passed.output
     report = json.loads(passed.stdout)
     assert report["passed"] and [c["passed"] for c in report["checks"]] == [True] * 3
-    schema_.validate(xml)
-    assert schema_.to_dict(xml)["@failures"] == 0
+    assert [c["status"] for c in report["checks"]] == ["pass"] * 3
+    assert report["check_counts"] == {"pass": 3, "fail": 0, "not_applicable": 0}
+    assert validated(xml)["@failures"] == 0
+
+
+def test_check_command_not_applicable_fails_nothing(tmp_path: Path) -> None:
+    rules, xml = tmp_path / "rules.toml", tmp_path / "check.xml"
+    rules.write_text('[[rule]]\ntype = "max_group_wait"\ndim = "dp"\nms = 1\n\n'
+                     '[[rule]]\ntype = "min_overlap"\ndim = "dp"\nratio = 0.03\n')
+    run = run_cli("check", DDP, "--rules", rules, "--junit", xml, "--cache-dir", tmp_path / "c")
+    # no dp group (the wait check is skipped); 3.8 % and 4.0 % overlap per rank (see above)
+    assert run.exit_code == 0, run.output
+    assert "1 of 1 checks pass, 1 not applicable" in run.stdout
+    assert "not applicable" in run.stdout and "verified nothing" not in run.stderr
+    suite = validated(xml)
+    assert tally(suite) == (2, 0, 1)
+    assert skipped(suite) == {"max_group_wait(dim=dp, ms=1)": "no dp group in this bundle (its "
+                              "collectives' groups have no known dimension)"}
+
+
+def test_check_command_when_no_check_applies(tmp_path: Path) -> None:
+    md, xml, cache = tmp_path / "check.md", tmp_path / "check.xml", tmp_path / "cache"
+    run = run_cli("check", COMM_ONLY, "--preset", SEED, "--json", "--markdown", md, "--junit", xml,
+                  "--cache-dir", cache)
+    assert run.exit_code == 1, run.output  # a gate that verified nothing is not a pass
+    report = json.loads(run.stdout)
+    assert report["nothing_verified"] and not report["passed"]
+    assert report["check_counts"] == {"pass": 0, "fail": 0, "not_applicable": 3}
+    assert all(c["status"] == NOT_APPLICABLE and c["reason"] and c["passed"]
+               for c in report["checks"])
+    assert "the gate verified nothing" in " ".join(run.stderr.split())
+    text = md.read_text()
+    assert "⚠️ no check applies: 3 of 3 not applicable" in text
+    assert "| not applicable | no compute timeline in this bundle |" in text
+    suite = validated(xml)
+    assert tally(suite) == (4, 1, 3)
+    assert skipped(suite) == {c["name"]: c["reason"] for c in report["checks"]}
+    [failed] = [c for c in suite["testcase"] if "failure" in c]
+    assert failed["@name"] == "checks applicable"
+    allowed = run_cli("check", COMM_ONLY, "--preset", SEED, "--allow-not-applicable",
+                      "--junit", xml, "--cache-dir", cache)
+    assert allowed.exit_code == 0, allowed.output
+    assert "no check applies: 3 of 3 not applicable" in allowed.stdout
+    assert "verified nothing" in " ".join(allowed.stderr.split())
+    assert tally(validated(xml)) == (3, 0, 3)
 
 
 def test_check_command_bad_input_and_usage_exit_2(tmp_path: Path) -> None:

@@ -16,19 +16,21 @@ import statistics
 from pathlib import Path
 
 import pytest
-import xmlschema
 
 from tests.conftest import REAL
 from tests.test_blame_chain import mini_seed_trace
 from tests.test_checks import (
-    JUNIT_XSD,
+    COMM_ONLY,
     SEED,
     mini_async_trace,
     run_cli,
     sim_analysis,
     sim_bundle,
+    skipped,
+    tally,
     timeline,
     timeline_overlap,
+    validated,
 )
 from tracegraph import causes
 from tracegraph.analysis.analyze import analyze
@@ -74,6 +76,9 @@ def test_gloo_fix_is_an_improvement_and_rank1_chain_vanishes(tmp_path: Path) -> 
     text = md.read_text()
     assert "improved: step time 223.528 → 21.770 ms (-90.3 %)" in text
     assert "Chains that disappeared" in text and "rank 1 thread python" in text
+    # summed over ranks, it exceeds the step: rank 1's sleep waited on by 3 ranks, per step
+    assert "### Bubble time by root cause per step, summed over 4 ranks (rank·ms)" in text
+    assert report["before"]["bubble_ms"][causes.COMPUTE_STRAGGLER] > step["before_ms"]
     suite = validated(xml)
     assert suite["@failures"] == 0 and "step_time" in case_names(suite)
 
@@ -112,6 +117,25 @@ def test_terminal_output_names_the_verdict_and_chains(tmp_path: Path) -> None:
     assert run.exit_code == 0
     assert "improved: step time 223.528 → 21.770 ms" in run.stdout
     assert "chains that disappeared" in run.stdout and "straggler_sleep" in run.stdout
+
+
+def test_diff_whose_checks_all_are_not_applicable(tmp_path: Path) -> None:
+    md, xml = tmp_path / "diff.md", tmp_path / "diff.xml"
+    args = (COMM_ONLY, COMM_ONLY, "--preset", SEED, "--markdown", md, "--junit", xml)
+    run, report = diff_json(*args, tmp=tmp_path)
+    assert run.exit_code == 1 and report["verdict"] == "unchanged"  # only the checks gate
+    assert report["nothing_verified"] and not report["passed"]
+    assert report["check_counts"] == {"pass": 0, "fail": 0, "not_applicable": 3}
+    assert "verified nothing" in " ".join(run.stderr.split())
+    text = md.read_text()
+    assert "verified nothing" in text and "### Checks (after: no check applies: 3 of 3" in text
+    assert "| not applicable | not applicable | no compute timeline in this bundle |" in text
+    suite = validated(xml)
+    assert skipped(suite) == {c["name"]: c["after"]["reason"] for c in report["checks"]}
+    assert {c["@name"] for c in suite["testcase"] if "failure" in c} == {"checks applicable"}
+    allowed, report = diff_json(*args, "--allow-not-applicable", tmp=tmp_path)
+    assert allowed.exit_code == 0 and report["passed"] and report["nothing_verified"]
+    assert tally(validated(xml))[1:] == (0, 3)
 
 
 # --- the seed miniature ------------------------------------------------------------------------
@@ -217,11 +241,5 @@ def test_html_diff_draws_both_steps_over_the_same_span(tmp_path: Path) -> None:
 
 
 # --- helpers -----------------------------------------------------------------------------------
-def validated(xml: Path) -> dict:
-    schema = xmlschema.XMLSchema(JUNIT_XSD)
-    schema.validate(xml)
-    return schema.to_dict(xml)
-
-
 def case_names(suite: dict) -> set[str]:
     return {case["@name"] for case in suite["testcase"]}

@@ -142,6 +142,24 @@ def test_gloo_report_header(gloo) -> None:
     assert not re.search(r"<script[^>]*\ssrc=|<link\s|@import", html)
 
 
+def test_gloo_report_totals_are_rank_ms_beside_the_slowest_rank_s_own(gloo) -> None:
+    html = render(gloo, top=3)
+    totals = html.split("<h2>Totals</h2>")[1]
+    assert ("<caption>bubble time by cause, all steps, summed over 4 ranks (rank·ms)</caption>"
+            "<tr><th>category</th><th>bubble rank·ms</th>") in totals
+    steps = gloo.steps.assign(ms=(gloo.steps["end"] - gloo.steps["start"]) / MS)
+    for step, spans in steps.groupby("step"):
+        section = html.split(f"<h2>Step {step}</h2>")[1].split("<h2>")[0]
+        rank = int(spans.loc[spans["ms"].idxmax(), "rank"])
+        exposed = sum(b.dur for b in gloo.bubbles if b.rank == rank and b.step == step) / MS
+        assert f"(slowest: rank {rank})" in section and "summed over 4 ranks)" in section
+        assert (f"<caption>rank {rank} (slowest): its own exposed bubble time, "
+                f"<b>{exposed:.3f} ms</b></caption>") in section
+        table = section.split('class="slowest"')[1].split("</table>")[0]
+        causes_ms = [float(v) for v in re.findall(r'<td class="n">([\d.]+)</td>', table)]
+        assert sum(causes_ms) == pytest.approx(exposed, abs=0.01)
+
+
 def test_fixed_gloo_sample_report(cache_dir: Path) -> None:
     analysis = analyze(tracegraph.load(SAMPLES / "gloo_pp2_dp2_fixed", cache_dir=cache_dir))
     html = render(analysis)

@@ -1,15 +1,20 @@
-"""The terminal chain diagram on the real gloo_pp2_dp2 trace: rank 1's sleep reads as one line."""
+"""The terminal output on the real gloo_pp2_dp2 trace: rank 1's sleep reads as one line in its
+chain diagram; per-step totals say they sum over ranks, beside the slowest rank's own."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from rich.console import Console
+
 import tracegraph
-from reports.terminal import chain_text, merged_intervals
+from reports.terminal import chain_text, merged_intervals, print_analysis
 from tests.conftest import SAMPLES
 from tracegraph import causes
 from tracegraph.analysis.analyze import analyze
 from tracegraph.analysis.summary import summarize
+
+MS = 1e6
 
 
 def test_chain_folds_runs_on_one_lane_into_a_line(cache_dir: Path) -> None:
@@ -26,3 +31,28 @@ def test_chain_folds_runs_on_one_lane_into_a_line(cache_dir: Path) -> None:
     assert sleep["name"].startswith("straggler_sleep") and sleep["dur_ms"] > 195
     text = chain_text(top)
     assert text.count("\n") == len(lines) + 1 and "straggler_sleep +" in text
+
+
+def test_step_totals_are_rank_ms_beside_the_slowest_rank_s_own(cache_dir: Path) -> None:
+    analysis = analyze(tracegraph.load(SAMPLES / "gloo_pp2_dp2", cache_dir=cache_dir))
+    console = Console(record=True, width=300)
+    print_analysis(console, summarize(analysis), analysis)
+    text = console.export_text()
+    assert text.count("bubble time by cause, summed over 4 ranks (rank·ms): ") == 2
+    steps = analysis.steps.assign(ms=(analysis.steps["end"] - analysis.steps["start"]) / MS)
+    for step, spans in steps.groupby("step"):
+        rank, step_ms = spans.loc[spans["ms"].idxmax(), ["rank", "ms"]]
+        mine = [b for b in analysis.bubbles if b.rank == rank and b.step == step]
+        by_cause: dict[str, float] = {}
+        for bubble in mine:
+            for cause, ns in bubble.by_category().items():
+                by_cause[cause] = by_cause.get(cause, 0.0) + ns / MS
+        exposed = sum(b.dur for b in mine) / MS
+        assert exposed < step_ms
+        causes_text = ", ".join(f"{c} {ms:.1f}" for c, ms in sorted(by_cause.items(),
+                                                                     key=lambda kv: -kv[1]))
+        assert (f"rank {int(rank)} (slowest) exposed bubble time: {exposed:.1f} ms: "
+                f"{causes_text}") in text
+        # the sum over ranks exceeds the step itself: rank 1's 200 ms sleep, waited on by 3
+        total = analysis.blame(int(step))[causes.COMPUTE_STRAGGLER]
+        assert total > step_ms and f"compute_straggler {total:.1f}" in text

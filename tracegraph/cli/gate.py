@@ -1,7 +1,8 @@
 """`tracegraph diff` and `tracegraph check`: verify a fix and gate a pull request.
 
-Exit codes: 0 pass, 1 a check failed or the step time regressed beyond the threshold, 2 bad input
-or usage (one line on stderr).
+Exit codes: 0 pass, 1 a check failed, the step time regressed beyond the threshold, or every check
+was not applicable (nothing verified; 0 with --allow-not-applicable), 2 bad input or usage (one line
+on stderr). A check that is not applicable alone fails nothing.
 """
 
 from __future__ import annotations
@@ -19,14 +20,17 @@ from rich.table import Table
 from reports.markdown import (
     STATE_TITLES,
     check_status,
+    checks_line,
+    diff_bubble_title,
     ms,
+    nothing_verified_line,
     pct,
     ratio,
     root_text,
     verdict_line,
     violation_line,
 )
-from tracegraph.cli.common import friendly_errors, load_bundle
+from tracegraph.cli.common import err, friendly_errors, load_bundle
 from tracegraph.cli.options import Bundle, CacheDir, Jobs, NoCache, RankMap
 
 EXIT_FAILED = 1
@@ -43,6 +47,9 @@ Rules = Annotated[Path | None, typer.Option("--rules", help="TOML file of checks
 Preset = Annotated[list[str] | None, typer.Option(
     "--preset", help="Built-in checks, e.g. hsdp-async-reduction (repeatable).")]
 Threshold = Annotated[float, typer.Option(help="Shortest stall counted a bubble (ms).")]
+AllowNotApplicable = Annotated[bool, typer.Option(
+    "--allow-not-applicable",
+    help="Exit 0 (with the warning) when every check is not applicable to the profile.")]
 
 
 def diff_command(
@@ -55,6 +62,7 @@ def diff_command(
         "--html", help="Write the HTML diff: both waterfalls and bubbles by cause.")] = None,
     rules: Rules = None,
     preset: Preset = None,
+    allow_not_applicable: AllowNotApplicable = False,
     fail_on_regression: Annotated[str, typer.Option(
         help='Exit 1 when the step time is worse by more than this ("5%"; "off" never).')
     ] = DEFAULT_REGRESSION,
@@ -78,13 +86,15 @@ def diff_command(
     source = Source(threshold_ms, cache_dir, no_cache, jobs, rank_map)
     outputs = Outputs(as_json, markdown, junit)
     friendly_errors(_diff)(before, after, (rules, preset or []), limit, source, outputs,
-                           html=html, top=top, min_chain_ms=min_chain_ms)
+                           html=html, top=top, min_chain_ms=min_chain_ms,
+                           allow_not_applicable=allow_not_applicable)
 
 
 def check_command(
     bundle: Profile,
     rules: Rules = None,
     preset: Preset = None,
+    allow_not_applicable: AllowNotApplicable = False,
     as_json: AsJson = False,
     markdown: Markdown = None,
     junit: Junit = None,
@@ -94,13 +104,17 @@ def check_command(
     jobs: Jobs = None,
     rank_map: RankMap = None,
 ) -> None:
-    """Evaluate checks (--rules FILE, --preset NAME) on one profile; exit 1 if any fails."""
+    """Evaluate checks (--rules FILE, --preset NAME) on one profile; exit 1 if any fails.
+
+    A check the profile gives nothing to test is not applicable, and fails nothing; when every
+    check is, exit 1 all the same (nothing was verified) unless --allow-not-applicable.
+    """
 
     if rules is None and not preset:
         raise typer.BadParameter("give --rules FILE or --preset NAME", param_hint="--rules")
     friendly_errors(_check)(bundle, (rules, preset or []),
                             Source(threshold_ms, cache_dir, no_cache, jobs, rank_map),
-                            Outputs(as_json, markdown, junit))
+                            Outputs(as_json, markdown, junit), allow_not_applicable)
 
 
 # --- the work ----------------------------------------------------------------------------------
@@ -147,9 +161,29 @@ def _rules(spec: RuleSpec) -> list:
     return load_rules(*spec) if spec[0] or spec[1] else []
 
 
+def _tally(checks: list[dict[str, object]], allow: bool) -> dict[str, object]:
+    """The report keys that sum up its checks (`checks`: each check's result dict)."""
+    from tracegraph.verify.checks import NOT_APPLICABLE, status_counts
+
+    counts = status_counts(c["status"] for c in checks)
+    return {"check_counts": counts, "allow_not_applicable": allow,
+            "nothing_verified": bool(checks) and counts[NOT_APPLICABLE] == len(checks)}
+
+
+def _checks_pass(report: dict[str, object]) -> bool:
+    """No check failed, and some check applied unless --allow-not-applicable."""
+    return not report["check_counts"]["fail"] and (report["allow_not_applicable"]
+                                                   or not report["nothing_verified"])
+
+
+def _warn_nothing_verified(report: dict[str, object]) -> None:
+    if line := nothing_verified_line(report):
+        err.print(f"[bold yellow]warning:[/bold yellow] {escape(line)}", highlight=False)
+
+
 def _diff(before: Path, after: Path, spec: RuleSpec, limit: float | None,
           source: Source, outputs: Outputs, *, html: Path | None, top: int,
-          min_chain_ms: float | None) -> None:
+          min_chain_ms: float | None, allow_not_applicable: bool) -> None:
     from reports.junit import diff_junit
     from reports.markdown import diff_markdown
     from tracegraph.verify.checks import evaluate
@@ -161,20 +195,23 @@ def _diff(before: Path, after: Path, spec: RuleSpec, limit: float | None,
     report["checks"] = [{"name": b.name, "rule": b.rule, "before": b.as_dict(),
                          "after": a.as_dict()}
                         for b, a in zip(evaluate(rules, old), evaluate(rules, new), strict=True)]
+    report |= _tally([c["after"] for c in report["checks"]], allow_not_applicable)
     report["fail_on_regression_pct"] = limit
-    report["passed"] = not ((limit is not None and regressed_beyond(report, limit))
-                            or any(not c["after"]["passed"] for c in report["checks"]))
+    report["passed"] = (not (limit is not None and regressed_beyond(report, limit))
+                        and _checks_pass(report))
     if html:
         from reports.diff_html import write_diff_html
 
         write_diff_html(old, new, report, html)
     outputs.emit(report, lambda: diff_markdown(report), lambda: diff_junit(report, limit),
                  print_diff)
+    _warn_nothing_verified(report)
     if not report["passed"]:
         raise typer.Exit(EXIT_FAILED)
 
 
-def _check(bundle: Path, spec: RuleSpec, source: Source, outputs: Outputs) -> None:
+def _check(bundle: Path, spec: RuleSpec, source: Source, outputs: Outputs,
+           allow_not_applicable: bool) -> None:
     from reports.junit import check_junit
     from reports.markdown import check_markdown
     from tracegraph.verify import metrics
@@ -184,9 +221,11 @@ def _check(bundle: Path, spec: RuleSpec, source: Source, outputs: Outputs) -> No
     analysis = source.analysis(bundle)
     results = [r.as_dict() for r in evaluate(rules, analysis)]
     report = {"source": str(bundle), "step_ms": round(metrics.step_time_ms(analysis), 3),
-              "passed": all(r["passed"] for r in results), "checks": results}
+              "checks": results, **_tally(results, allow_not_applicable)}
+    report["passed"] = _checks_pass(report)
     outputs.emit(report, lambda: check_markdown(report), lambda: check_junit(report),
                  print_checks)
+    _warn_nothing_verified(report)
     if not report["passed"]:
         raise typer.Exit(EXIT_FAILED)
 
@@ -218,8 +257,7 @@ def print_diff(console: Console, report: dict[str, object]) -> None:
                                                                   "change"),
            [(r["rank"], ms(r["before_ms"]), ms(r["after_ms"]), pct(r["change_pct"]))
             for r in report["ranks"]])
-    for title, key, name in (("bubble time by root cause (ms per step, all ranks)", "bubbles",
-                              "category"),
+    for title, key, name in ((diff_bubble_title(report), "bubbles", "category"),
                              ("critical path by op kind (ms per step)", "critical_path", "kind")):
         _table(console, title, (name, "before", "after", "change"),
                [(r[name], ms(r["before_ms"]), ms(r["after_ms"]), ms(r["change_ms"]))
@@ -234,7 +272,8 @@ def print_diff(console: Console, report: dict[str, object]) -> None:
                [(str(c["rank"]), c["category"], root_text(c), ms(c["before_ms"]),
                  ms(c["after_ms"]), " ← ".join(map(str, c["chain"]))) for c in chains])
     if report["checks"]:
-        _table(console, "checks", ("check", "before", "after", "after: measured"),
+        _table(console, f"checks (after: {checks_line(report['check_counts'])})",
+               ("check", "before", "after", "after: measured"),
                [(c["name"], check_status(c["before"]), check_status(c["after"]),
                  c["after"]["summary"]) for c in report["checks"]])
         _print_failures(console, [c["after"] for c in report["checks"]])
@@ -245,12 +284,13 @@ def print_checks(console: Console, report: dict[str, object]) -> None:
     _table(console, f"checks on {report['source']} (step time {ms(report['step_ms'])} ms)",
            ("check", "result", "measured"),
            [(c["name"], check_status(c), c["summary"]) for c in report["checks"]])
+    console.print(checks_line(report["check_counts"]), highlight=False)
     _print_failures(console, report["checks"])
 
 
 def _print_failures(console: Console, checks: list[dict[str, object]]) -> None:
     for check in checks:
-        if check["passed"]:
+        if check["status"] != "fail":
             continue
         places = check["violations"]
         console.print(f"[red]FAIL[/red] {escape(check['name'])}: {len(places)} places",

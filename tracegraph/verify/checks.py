@@ -25,12 +25,18 @@ Rule types (times in ms on the aligned clock, per step unless said otherwise):
   completed: that P2P must be posted before the reduction completes.
 - min_overlap(dim, ratio): on every rank, at least this share of the group kind's communication
   time overlaps main-lane compute.
+
+A rule whose subject the bundle lacks is *not applicable* (neither passed nor failed) and says why
+in one line: a dimension's rule without communication of that dimension, a wait or overlap rule
+without a compute timeline (communication summaries only), a P2P rule without P2P or DP
+reductions, a rule with nothing to measure ("0 of 0").
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -50,6 +56,8 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 NS_PER_MS = 1e6
+PASS, FAIL, NOT_APPLICABLE = "pass", "fail", "not_applicable"
+STATUSES = (PASS, FAIL, NOT_APPLICABLE)
 
 
 @dataclass
@@ -66,21 +74,34 @@ class Violation:
 
 @dataclass
 class CheckResult:
-    """The outcome of one rule on one analysis."""
+    """The outcome of one rule on one analysis: passed, failed, or not applicable (`reason`)."""
 
     name: str
     rule: str
-    passed: bool
-    summary: str  # one line with the measured numbers
+    passed: bool  # False only when the check failed (True when not applicable)
+    summary: str  # one line with the measured numbers (the reason when not applicable)
     violations: list[Violation] = field(default_factory=list)
     value: float | None = None  # the measured number the rule bounds
+    reason: str = ""  # why the bundle gives the rule nothing to test; "" when it applies
+
+    @property
+    def status(self) -> str:
+        """pass, fail or not_applicable."""
+        return NOT_APPLICABLE if self.reason else (PASS if self.passed else FAIL)
 
     def as_dict(self) -> dict[str, object]:
         return {"name": self.name, "rule": self.rule, "passed": self.passed,
+                "status": self.status, "reason": self.reason or None,
                 "summary": self.summary, "value": _round(self.value),
                 "violations": [{"rank": v.rank, "stage": v.stage, "step": v.step,
                                 "start_ms": _round(v.start_ms), "end_ms": _round(v.end_ms),
                                 "text": v.text} for v in self.violations]}
+
+
+def status_counts(statuses: Iterable[str]) -> dict[str, int]:
+    """How many checks passed, failed and were not applicable (every status, 0 if none)."""
+    found = Counter(statuses)
+    return {status: found[status] for status in STATUSES}
 
 
 @dataclass
@@ -223,6 +244,34 @@ class Facts:
         return metrics.reduction_names(self.analysis)
 
     @cached_property
+    def categories(self) -> np.ndarray:
+        """Per op, the root-cause category its communication is charged to ("" if none)."""
+        return metrics.comm_categories(self.analysis)
+
+    # --- what the bundle lacks: a one-line reason, "" when it has it
+    def lacks_timeline(self) -> str:
+        return "" if self.analysis.ops.main_lanes() else "no compute timeline in this bundle"
+
+    def lacks_dim(self, dim: str) -> str:
+        present = set(self.categories)
+        if causes.for_dim(dim) in present:
+            return ""
+        also = f" or {_COMM_TYPES[dim]}" if dim in _COMM_TYPES else ""
+        unknown = (" (its collectives' groups have no known dimension)"
+                   if causes.COLLECTIVE in present and not also else "")
+        return f"no {dim} group{also} in this bundle{unknown}"
+
+    def lacks_p2p(self) -> str:
+        return "" if self.p2p_posts else "no P2P in this bundle"
+
+    def lacks_reduction(self) -> str:
+        """No all-reduce / reduce-scatter / reduce charged as a DP reduction."""
+        comm = self.analysis.ops.frame["comm"].isin(metrics.REDUCTIONS).to_numpy()
+        if (comm & (self.categories == causes.DP_REDUCTION)).any():
+            return ""
+        return "no DP reduction in this bundle"
+
+    @cached_property
     def stage_reductions(self) -> list[tuple[int, int, int, np.ndarray]]:
         """(rank, start, end, ops) of every run of back-to-back DP reductions on one lane: the
         reduction of one pipeline stage's gradients."""
@@ -316,18 +365,21 @@ def pipeline_stages(analysis: Analysis) -> dict[int, int]:
 # --- the rules ---------------------------------------------------------------------------------
 def max_step_time(facts: Facts, ms: float) -> CheckResult:
     steps = facts.steps
+    if not len(steps):
+        return _not_applicable("no steps in this bundle")
     worst = steps.loc[steps.groupby("step")["ms"].idxmax()]
     found = [facts.violation(int(r.rank), int(r.step), f"step time {r.ms:.3f} ms > {ms} ms",
                              int(r.start), int(r.end))
              for r in worst[worst["ms"] > ms].itertuples()]
-    if not len(worst):
-        return _result(found, "no steps", None)
     top = worst.loc[worst["ms"].idxmax()]
     return _result(found, f"slowest step {int(top['step'])}: {top['ms']:.3f} ms on rank "
                           f"{int(top['rank'])} (limit {ms} ms)", float(top["ms"]))
 
 
 def max_bubble(facts: Facts, category: str, ms: float) -> CheckResult:
+    dim = causes.get(category).dim
+    if reason := facts.lacks_timeline() or (facts.lacks_dim(dim) if dim else ""):
+        return _not_applicable(reason)
     mine = [b for b in facts.analysis.bubbles if category in b.by_category()]
     charged: dict[tuple[int, int], list[Bubble]] = {}
     for bubble in mine:
@@ -347,6 +399,8 @@ def max_bubble(facts: Facts, category: str, ms: float) -> CheckResult:
 
 
 def max_group_wait(facts: Facts, dim: str, ms: float) -> CheckResult:
+    if reason := facts.lacks_timeline() or facts.lacks_dim(dim):
+        return _not_applicable(reason)
     category = causes.for_dim(dim)
     waits = [b for b in facts.analysis.bubbles
              if (piece := metrics.releaser(b)) is not None and piece.category == category]
@@ -358,6 +412,8 @@ def max_group_wait(facts: Facts, dim: str, ms: float) -> CheckResult:
 
 
 def no_reduction_wait_before_p2p(facts: Facts, max_ms: float, within_ms: float) -> CheckResult:
+    if reason := facts.lacks_timeline() or facts.lacks_p2p() or facts.lacks_reduction():
+        return _not_applicable(reason)
     found, longest = [], 0.0
     for bubble in facts.analysis.bubbles:
         piece = metrics.releaser(bubble)
@@ -377,6 +433,8 @@ def no_reduction_wait_before_p2p(facts: Facts, max_ms: float, within_ms: float) 
 
 
 def p2p_before_reduction_end(facts: Facts, min_ms: float, within_ms: float) -> CheckResult:
+    if reason := facts.lacks_p2p() or facts.lacks_reduction():
+        return _not_applicable(reason)
     start = facts.times[0]
     found, checked = [], 0
     for rank, lo, hi, run in facts.stage_reductions:
@@ -391,28 +449,38 @@ def p2p_before_reduction_end(facts: Facts, min_ms: float, within_ms: float) -> C
                 f"{facts.op_text(p2p)} posted {(start[p2p] - hi) / NS_PER_MS:.3f} ms after its "
                 f"stage reduction completed ({len(run)} ops ending with {facts.op_text(last)}; "
                 f"{(hi - lo) / NS_PER_MS:.3f} ms in all)", lo, hi))
+    if not checked:
+        return _not_applicable(f"no P2P posted during or within {within_ms} ms after a stage "
+                               f"reduction of at least {min_ms} ms")
     return _result(found, f"{checked - len(found)} of {checked} P2P ops posted during or right "
                           f"after a stage reduction were posted before it completed",
                    float(len(found)))
 
 
 def min_overlap(facts: Facts, dim: str, ratio: float) -> CheckResult:
+    if reason := facts.lacks_timeline():
+        return _not_applicable(reason)
     table = metrics.overlap_table(facts.analysis)
     sums = table[table["dim"] == dim].groupby("rank")[["comm_ms", "overlap_ms"]].sum()
     sums = sums[sums["comm_ms"] > 0]
+    if not len(sums):
+        return _not_applicable(f"no {dim} communication in this bundle's steps")
     shares = sums["overlap_ms"] / sums["comm_ms"]
     found = [facts.violation(int(rank), -1, f"{share:.1%} of {sums.at[rank, 'comm_ms']:.3f} ms "
                              f"of {dim} communication overlaps main-lane compute (< {ratio:.0%})")
              for rank, share in shares.items() if share < ratio]
-    overall = float(sums["overlap_ms"].sum() / sums["comm_ms"].sum()) if len(sums) else 0.0
+    overall = float(sums["overlap_ms"].sum() / sums["comm_ms"].sum())
     return _result(found, f"{dim} communication overlapped by compute: {overall:.1%} overall, "
-                          f"lowest rank {shares.min() if len(shares) else 0:.1%} (at least "
-                          f"{ratio:.0%})", overall)
+                          f"lowest rank {shares.min():.1%} (at least {ratio:.0%})", overall)
 
 
 def _result(found: list[Violation], summary: str, value: float | None) -> CheckResult:
     return CheckResult(name="", rule="", passed=not found, summary=summary, violations=found,
                        value=value)
+
+
+def _not_applicable(reason: str) -> CheckResult:
+    return CheckResult(name="", rule="", passed=True, summary=reason, reason=reason)
 
 
 def _bubble_text(facts: Facts, bubble: Bubble) -> str:
@@ -428,6 +496,7 @@ def _round(value: float | None) -> float | None:
 
 
 _DIMS = ("dp", "pp", "ep")
+_COMM_TYPES = {"pp": "P2P", "ep": "all-to-all"}  # comm types charged to a dimension by type
 RULES: dict[str, tuple[Callable[..., CheckResult], tuple[str, ...], dict[str, object]]] = {
     "max_step_time": (max_step_time, ("ms",), {}),
     "max_bubble": (max_bubble, ("category", "ms"), {}),

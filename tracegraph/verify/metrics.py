@@ -9,6 +9,8 @@ profiled steps, so profiles holding different numbers of steps compare fairly.
 from __future__ import annotations
 
 import re
+from collections import Counter
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -72,7 +74,7 @@ def bubble_table(analysis: Analysis) -> pd.DataFrame:
 
 
 def bubble_ms(analysis: Analysis) -> dict[str, float]:
-    """Category -> bubble ms per step, summed over ranks."""
+    """Category -> bubble ms per step, summed over ranks (rank·ms: not one rank's time)."""
     per = bubble_table(analysis).groupby("category")["ms"].sum() / step_count(analysis)
     return {str(k): float(v) for k, v in per.sort_values(ascending=False).items()}
 
@@ -83,6 +85,30 @@ def rank_bubble_ms(analysis: Analysis) -> dict[int, dict[str, float]]:
     out: dict[int, dict[str, float]] = {}
     for (rank, category), ms in per.items():
         out.setdefault(int(rank), {})[str(category)] = float(ms)
+    return out
+
+
+class SlowestRank(NamedTuple):
+    """A step's slowest rank and the bubble time it stood exposed itself (not summed over
+    ranks): in all, and by category, most first."""
+
+    rank: int
+    exposed_ms: float
+    by_cause: dict[str, float]
+
+
+def slowest_rank_bubbles(analysis: Analysis) -> dict[int, SlowestRank]:
+    """Step -> its slowest rank's own bubbles in that step."""
+    steps, table = step_table(analysis), bubble_table(analysis)
+    exposed: Counter[tuple[int, int]] = Counter()
+    for bubble in analysis.bubbles:
+        exposed[bubble.step, bubble.rank] += bubble.dur
+    slowest = steps.loc[steps.groupby("step")["ms"].idxmax(), ["step", "rank"]]
+    out = {}
+    for step, rank in slowest.itertuples(index=False):
+        mine = table[(table["step"] == step) & (table["rank"] == rank)]
+        out[int(step)] = SlowestRank(int(rank), exposed[step, rank] / NS_PER_MS,
+                                     _sorted(dict(zip(mine["category"], mine["ms"], strict=True))))
     return out
 
 
@@ -113,6 +139,18 @@ def comm_dims(analysis: Analysis) -> np.ndarray:
     dims = np.where(dims == "", fallback, dims)
     is_comm = frame["kind"].isin([schema.COLLECTIVE, schema.P2P]).to_numpy()
     return np.where(is_comm, dims, "")
+
+
+def comm_categories(analysis: Analysis) -> np.ndarray:
+    """Root-cause category every op's communication is charged to, as blame charges it
+    (causes.for_collective: its group's dimension, else its comm type, else COLLECTIVE); "" for
+    ops that are not communication."""
+    frame, groups = analysis.ops.frame, analysis.trace.groups
+    dims = dict(zip(groups["group"], groups["dim"], strict=True)) if len(groups) else {}
+    codes, pairs = pd.factorize(pd.MultiIndex.from_arrays([frame["group"], frame["comm"]]))
+    table = np.array([causes.for_collective(str(dims.get(group, "")), str(comm)) if comm else ""
+                      for group, comm in pairs], dtype=object)
+    return table[codes] if len(table) else np.zeros(0, dtype=object)
 
 
 def main_compute(analysis: Analysis) -> np.ndarray:
