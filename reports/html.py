@@ -129,7 +129,8 @@ def _causes(bubbles: list[dict[str, object]]) -> str:
     if not bubbles:
         return "<p class=\"note\">No bubble above the threshold.</p>"
     head = ("<tr><th>#</th><th>category</th><th>ms</th><th>waiting</th><th>at ms</th>"
-            "<th>root rank</th><th>root lane</th><th>root op</th><th>chain</th></tr>")
+            "<th>root rank</th><th>root lane</th><th>root op</th><th>chain</th>"
+            "<th>confidence</th></tr>")
     body = []
     for number, b in enumerate(bubbles, start=1):
         root = b["root"] or {}
@@ -141,8 +142,15 @@ def _causes(bubbles: list[dict[str, object]]) -> str:
             f"{escape(b['name'])}</td><td class=\"n\">{b['start_ms']:.3f}</td>"
             f"<td>{root.get('rank', '')}</td><td>{escape(str(root.get('lane', '')))}</td>"
             f"<td>{escape(str(root.get('name', '')))}{note}</td>"
-            f"<td>{' → '.join(map(str, b['chain']))}</td></tr>")
+            f"<td>{' → '.join(map(str, b['chain']))}</td>{_confidence_cell(b)}</tr>")
     return f"<table class=\"causes\">{head}{''.join(body)}</table>"
+
+
+def _confidence_cell(bubble: dict[str, object]) -> str:
+    """How sure the chain is; its least sure link on hover."""
+    confidence = bubble.get("confidence") or {}
+    link = escape(str(confidence.get("weakest_link", "every link matched by ids or sequences")))
+    return f"<td title=\"{link}\">{escape(str(confidence.get('level', '')))}</td>"
 
 
 def cause_label(name: str) -> str:

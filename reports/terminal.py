@@ -85,7 +85,7 @@ def chain_text(bubble: dict[str, object]) -> str:
         f"rank {bubble['rank']} {bubble['lane']}  {bubble['name']}  "
         f"{bubble['start_ms']:.3f} → {end:.3f} ms ({bubble['dur_ms']:.3f} ms)  "
         f"[{bubble['category']}]",
-        "  chain: " + " ← ".join(f"rank {r}" for r in bubble["chain"]),
+        "  chain: " + " ← ".join(f"rank {r}" for r in bubble["chain"]) + _sureness(bubble),
     ]
     for piece in merged_intervals(bubble["intervals"]):
         note = f"  ({piece['note']})" if piece["note"] else ""
@@ -120,3 +120,13 @@ def merged_intervals(intervals: list[dict]) -> list[dict]:
                        "category": max(by_category, key=by_category.get),
                        "note": "; ".join(dict.fromkeys(notes))})
     return merged
+
+
+def _sureness(bubble: dict[str, object]) -> str:
+    """How sure the chain is, and its least sure link when it is not sure."""
+    confidence = bubble.get("confidence") or {}
+    if not confidence:
+        return ""
+    link = confidence.get("weakest_link")
+    return f"   (confidence {confidence['level']}" + (f": {link})" if link else ")")
+

@@ -56,3 +56,14 @@ def test_step_totals_are_rank_ms_beside_the_slowest_rank_s_own(cache_dir: Path) 
         # the sum over ranks exceeds the step itself: rank 1's 200 ms sleep, waited on by 3
         total = analysis.blame(int(step))[causes.COMPUTE_STRAGGLER]
         assert total > step_ms and f"compute_straggler {total:.1f}" in text
+
+
+def test_each_chain_says_how_sure_it_is(cache_dir: Path) -> None:
+    """The real gloo job: its threads are released by their gloo workers, a link inferred by
+    time, so the chain of its longest wait is said to be of low confidence, with that link."""
+    summary = summarize(analyze(tracegraph.load(SAMPLES / "gloo_pp2_dp2", cache_dir=cache_dir)))
+    top = summary["bubbles"][0]
+    assert top["confidence"]["level"] == "low"
+    chain_line = chain_text(top).splitlines()[1]
+    assert chain_line.endswith(f"(confidence low: {top['confidence']['weakest_link']})")
+    assert "inferred by time" in chain_line

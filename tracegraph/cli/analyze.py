@@ -47,7 +47,7 @@ def analyze_command(
     if not inventory_only:
         for warning in analysis.warnings:
             warn(warning)
-        print_analysis(out, summary)
+        print_analysis(out, summary, analysis)
 
 
 def _print_inventory(summary: dict[str, object]) -> None:
