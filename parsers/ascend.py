@@ -82,6 +82,7 @@ class _Args(msgspec.Struct, gc=False):
     small_task_type: Scalar = msgspec.field(name="task type", default=None)
     data_type: Scalar = None
     count: Scalar = None
+    rank_size: Scalar = None  # newer HCCL op events: the group's member count
 
 
 class _Event(msgspec.Struct, gc=False):
@@ -504,6 +505,7 @@ def _op_frame(events: list[_Event], device: pd.DataFrame, ctx: _Context) -> pd.D
         ctx.warnings.append(f"{ctx.where}: {unknown} HCCL ops with no known group")
     frame["lane"] = _comm_lane(frame["group"])
     frame["lane_kind"] = COMM
+    frame["rank_size"] = _int64(_args(events, "rank_size"))
     return frame
 
 
@@ -674,13 +676,41 @@ def _table(frame: pd.DataFrame, rank: int) -> pa.Table:
 
 
 def _groups(side: Side, frame: pd.DataFrame) -> list[GroupInfo]:
-    """This rank's groups: `parallel_group_info`, plus groups seen only in op names."""
+    """This rank's groups: `parallel_group_info`, plus groups seen only in op names, whose size
+    comes from the op's `rank_size`, else is at least the group-local ranks its HCCL tasks and
+    communication_matrix.json links name."""
     groups = side.groups()
     seen = set(frame["group"].unique())
+    stated = _stated_sizes(frame)
+    local = _local_ranks(frame, side)
     for group in sorted(seen | {op.group for op in side.ops}):
         if group and group not in groups:
-            groups[group] = GroupInfo(group=group, source="op name")
+            size, source = stated.get(group, 0), "rank_size of its HCCL ops"
+            if not size and local.get(group):
+                size = max(local[group]) + 1
+                source = f"at least: HCCL group-local ranks up to {size - 1} named"
+            groups[group] = GroupInfo(group=group, source=source if size else "op name",
+                                      size=size)
     return list(groups.values())
+
+
+def _stated_sizes(frame: pd.DataFrame) -> dict[str, int]:
+    """Group -> the `rank_size` its HCCL op events state (newer CANN), when any does."""
+    if "rank_size" not in frame:
+        return {}
+    sizes = frame.loc[frame["rank_size"].fillna(NO_INT) > 0, ["group", "rank_size"]]
+    return {str(g): int(s) for g, s in sizes.groupby("group")["rank_size"].max().items() if g}
+
+
+def _local_ranks(frame: pd.DataFrame, side: Side) -> dict[str, set[int]]:
+    """Group -> the group-local ranks its HCCL tasks (src / dst rank) and matrix links name."""
+    found: dict[str, set[int]] = {g: set(r) for g, r in side.local_ranks.items()}
+    tasks = frame[frame["group"] != ""]
+    for column in ("src_rank", "dst_rank"):
+        valid = tasks[tasks[column] >= 0]
+        for group, ranks in valid.groupby("group")[column]:
+            found.setdefault(str(group), set()).update(int(r) for r in ranks.unique())
+    return found
 
 
 def _meta(files: RankFiles, side: Side, device_pid: int | None) -> dict[str, object]:

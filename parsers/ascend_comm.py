@@ -82,6 +82,8 @@ class Side:
     metadata: _Metadata = field(default_factory=_Metadata)
     ops: list[CommOp] = field(default_factory=list)
     device: int | None = None  # from step_trace_time.csv's Device_id
+    local_ranks: dict[str, set[int]] = field(default_factory=dict)  # group hash -> the
+    # group-local ranks its communication_matrix.json links name
 
     def groups(self) -> dict[str, GroupInfo]:
         """Group hash -> membership from `parallel_group_info` (this rank's groups only)."""
@@ -112,10 +114,13 @@ def load_side(files: RankFiles, read: Reader, warnings: list[str]) -> Side:
         side.info = _load(files.files["info"], read, dict[str, Any], warnings) or {}
     if "metadata" in files.files:
         side.metadata = _load(files.files["metadata"], read, _Metadata, warnings) or _Metadata()
+    matrix: _Matrix = {}
+    if "matrix" in files.files:
+        matrix = _load(files.files["matrix"], read, _Matrix, warnings) or {}
+        side.local_ranks = _matrix_local_ranks(matrix)
     if "communication" in files.files:
-        links = _matrix_links(files, read, warnings)
         stats = _load(files.files["communication"], read, _Communication, warnings) or {}
-        side.ops = _comm_ops(stats, links)
+        side.ops = _comm_ops(stats, _matrix_links(matrix))
     if "step_trace" in files.files:
         side.device = _device_id(read(files.files["step_trace"]))
     return side
@@ -167,15 +172,11 @@ def _comm_ops(stats: _Communication, links: dict[str, tuple[int, int]]) -> list[
     return ops
 
 
-def _matrix_links(files: RankFiles, read: Reader,
-                  warnings: list[str]) -> dict[str, tuple[int, int]]:
+def _matrix_links(matrix: _Matrix) -> dict[str, tuple[int, int]]:
     """`name@group` -> its one remote (src, dst) link, for ops that have their own matrix entry.
 
     Newer matrices aggregate links into top/middle/bottom entries; those name no single op.
     """
-    if "matrix" not in files.files:
-        return {}
-    matrix = _load(files.files["matrix"], read, _Matrix, warnings) or {}
     links = {}
     for sections in matrix.values():
         for entries in sections.values():
@@ -184,6 +185,21 @@ def _matrix_links(files: RankFiles, read: Reader,
                 if len(remote) == 1:
                     links[key] = remote.pop()
     return links
+
+
+def _matrix_local_ranks(matrix: _Matrix) -> dict[str, set[int]]:
+    """Group hash -> the group-local ranks named by the "src-dst" link keys of its entries
+    (`name@group`, or aggregated `allreduce-top1@group`): the group has at least that many."""
+    ranks: dict[str, set[int]] = defaultdict(set)
+    for sections in matrix.values():
+        for entries in sections.values():
+            for key, pairs in entries.items():
+                group = key.rpartition("@")[2]
+                for pair in pairs:
+                    src, _, dst = pair.partition("-")
+                    if group and src.isdigit() and dst.isdigit():
+                        ranks[group] |= {int(src), int(dst)}
+    return dict(ranks)
 
 
 def _link(pair: str) -> tuple[int, int] | None:

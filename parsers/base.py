@@ -40,6 +40,8 @@ class GroupInfo:
     desc: str = ""  # parallel group name / pg_desc ("pp", "dp", "dp_stage0", ...)
     ranks: tuple[int, ...] = ()  # global ranks (may be empty when unknown)
     source: str = ""  # "parallel_group_info", "pg_config", "Process Group Ranks", ...
+    size: int = 0  # member count the profile states (pg_size, Group size, HCCL group-local
+    # ranks), 0 when it states none; may exceed len(ranks) when not every member is named
 
 
 @dataclass

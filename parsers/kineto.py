@@ -10,9 +10,11 @@ args, are dropped before the table is assembled.
 
 Mapping: device events (pid = device, tid = stream) go to lane "stream N"; host events to
 "thread TID NAME", except gloo worker threads (lane_kind comm). `task_type` keeps the Kineto
-category. gloo send/recv carry the c10d op's peer (group-local rank) and its tag in `event_id`.
-A device row, and a gloo collective on a worker thread, takes `step` and `annotation` from the
-host op that launched / issued it.
+category. gloo send/recv carry the c10d op's group-local peer in `dst_rank` (send) / `src_rank`
+(recv) and its tag in `event_id`; `peer` (global) and `group` are set where the rank's own
+`pg_config` settles them, the rest by the loader across ranks (`tracegraph.loading.resolve`). A
+device row, and a gloo collective on a worker thread, takes `step` and `annotation` from the host
+op that launched / issued it.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import pyarrow.compute as pc
 
 from parsers.base import Format, GroupInfo, ParsedRank, RankFiles, Reader, Sniff, TraceError
 from parsers.classify import P2P_COMMS, comm_kind, comm_type
+from parsers.groups import Members, global_peers, own_groups
 from tracegraph import schema
 from tracegraph.schema import NO_INT
 
@@ -104,6 +107,7 @@ class _Trace(msgspec.Struct, gc=False):
     distributedInfo: Any = None
     deviceProperties: Any = None
     baseTimeNanoseconds: Any = None
+    host_name: Any = None
     schemaVersion: Any = None
     cupti_version: Any = None
     cuda_runtime_version: Any = None
@@ -346,8 +350,8 @@ class _Rank:
         self.comm = np.full(n, "", dtype=object)
         self.group = np.full(n, "", dtype=object)
         self.dtype = np.full(n, "", dtype=object)
-        self.peer, self.seq, self.nbytes, self.event_id, self.wait_on, self.stream, self.pid = (
-            np.full(n, NO_INT, dtype=np.int64) for _ in range(7))
+        (self.peer, self.seq, self.nbytes, self.event_id, self.wait_on, self.stream, self.pid,
+         self.src_rank, self.dst_rank) = (np.full(n, NO_INT, dtype=np.int64) for _ in range(9))
         self.parent = np.full(n, -1, dtype=np.int64)  # launch / issuing host op of a row
         self.warnings: list[str] = []
         self._masks: dict[str, np.ndarray] = {}
@@ -422,20 +426,41 @@ def _host_comm(r: _Rank) -> None:
 
 
 def _p2p_peers(r: _Rank) -> None:
-    """Peer and tag (as event_id) of c10d send/recv ops and of the gloo:send/recv annotations
-    they enclose. Concrete Inputs = [tensors, process_group, peer, tag]; the peer is a
-    group-local rank: the gloo samples send on the default group, where local == global."""
+    """Group-local peer (dst_rank of a send, src_rank of a recv) and tag (event_id) of c10d
+    send/recv ops and of the gloo:send/recv annotations they enclose. Concrete Inputs =
+    [tensors, process_group, peer, tag]: the peer is local to a group the event does not name
+    (`_p2p_groups` and the loader turn it into a global rank)."""
     calls = r.rows((CPU_OP,), "c10d::")
     calls = calls[np.isin(r.comm[calls], ("send", "recv"))]
     for row in calls.tolist():
         inputs = _json(r.ev[row].args.inputs)
         if isinstance(inputs, list) and len(inputs) >= 4:
-            r.peer[row], r.event_id[row] = _int(inputs[2]), _int(inputs[3])
+            local = r.dst_rank if r.comm[row] == "send" else r.src_rank
+            local[row], r.event_id[row] = _int(inputs[2]), _int(inputs[3])
     gloo = r.rows((ANNOTATION,), "gloo:")
     gloo = gloo[np.isin(r.comm[gloo], ("send", "recv"))]
     outer = r.enclosing(calls, gloo)
     gloo, outer = gloo[outer >= 0], outer[outer >= 0]
-    r.peer[gloo], r.event_id[gloo] = r.peer[outer], r.event_id[outer]
+    for col in (r.src_rank, r.dst_rank, r.event_id):
+        col[gloo] = col[outer]
+
+
+def _p2p_groups(r: _Rank, rank: int, own: Members) -> None:
+    """Global peer and group of the gloo P2P ops whose local peer this rank's own groups settle
+    (one candidate peer, one group); the rest are left to the loader. Without pg_config the
+    local peer is taken as global (as on the default group)."""
+    local = np.where(r.comm == "send", r.dst_rank, r.src_rank)
+    rows = np.flatnonzero(np.isin(r.comm, ("send", "recv")) & (local >= 0))
+    if not own:
+        r.peer[rows] = local[rows]
+        return
+    for value in np.unique(local[rows]).tolist():
+        candidates = global_peers(rank, value, own)
+        mine = rows[local[rows] == value]
+        if len(peers := {peer for _, peer in candidates}) == 1:
+            r.peer[mine] = peers.pop()
+        if len(groups := {group for group, _ in candidates}) == 1:
+            r.group[mine] = groups.pop()
 
 
 def _tensor_bytes(args: _Args) -> tuple[int, str]:
@@ -559,23 +584,61 @@ def _gloo_issuers(r: _Rank, workers: np.ndarray) -> np.ndarray:
     return rows
 
 
-def _gloo_groups(r: _Rank, workers: np.ndarray, rows: np.ndarray, pg_config: list) -> None:
-    """Each gloo group runs on its own pair of worker threads, created with the group: with
-    2 workers per group of this rank, worker threads in tid order map to the groups in creation
-    (pg_name) order. Otherwise the group stays "" (with a warning)."""
+def _gloo_groups(r: _Rank, workers: np.ndarray, rows: np.ndarray, own: Members) -> None:
+    """The group of the worker-thread collectives where this rank's profile settles it (the
+    issuing c10d op's `record_param_comms`, else `_groups_of_own`), also set on the issuing op.
+    The others stay "" for the loader to settle across ranks (it reads `_cross_rank_meta`)."""
     if not len(rows):
         return
-    names = [str(pg.get("pg_name", "")) for pg in pg_config if isinstance(pg, dict)]
-    if not names or not all(n.isdigit() for n in names) or (
-            len(workers) != _GLOO_THREADS_PER_GROUP * len(names)):
-        r.warnings.append(f"gloo: cannot tell which process group each of the {len(workers)} "
-                          f"worker threads serves ({len(names)} groups); group left empty")
-        return
-    order = sorted(names, key=int)
-    group_of = {t: order[i // _GLOO_THREADS_PER_GROUP] for i, t in enumerate(workers.tolist())}
-    r.group[rows] = [group_of[t] for t in r.thread[rows].tolist()]
-    issued = rows[r.parent[rows] >= 0]
+    _stated_issuer_groups(r, rows)
+    _groups_of_own(r, workers, rows[r.group[rows] == ""], own)
+    issued = rows[(r.parent[rows] >= 0) & (r.group[rows] != "")]
     r.group[r.parent[issued]] = r.group[issued]
+
+
+def _groups_of_own(r: _Rank, workers: np.ndarray, rows: np.ndarray, own: Members) -> None:
+    """The rank's only group; or, when every group of the rank shows both its worker threads
+    (each group runs on its own pair, created with it), threads in tid order map to the groups
+    in creation (pg_name) order. Without pg_config nothing can tell, which is said."""
+    names = list(own)
+    if not len(rows):
+        return
+    if len(names) == 1:
+        r.group[rows] = names[0]
+    elif all(n.isdigit() for n in names) and len(workers) == _GLOO_THREADS_PER_GROUP * len(names):
+        order = sorted(names, key=int)
+        group_of = {t: order[i // _GLOO_THREADS_PER_GROUP] for i, t in enumerate(workers.tolist())}
+        r.group[rows] = [group_of[t] for t in r.thread[rows].tolist()]
+    elif not names:
+        r.warnings.append(f"gloo: no pg_config names this rank's process groups: the group of "
+                          f"its {len(rows)} collectives on {len(workers)} worker threads is "
+                          f"unknown; group left empty")
+
+
+def _stated_issuer_groups(r: _Rank, rows: np.ndarray) -> None:
+    """Worker ops whose issuing c10d op encloses a `record_param_comms` naming a group (torch
+    builds that emit it for gloo) take that group."""
+    carriers = r.named((CPU_OP,), "record_param_comms")
+    carriers = carriers[r.group[carriers] != ""]
+    issued = rows[r.parent[rows] >= 0]
+    if not len(carriers) or not len(issued):
+        return
+    outer = r.enclosing(np.unique(r.parent[issued]), carriers)
+    stated = dict(zip(outer[outer >= 0].tolist(), r.group[carriers[outer >= 0]], strict=True))
+    for row in issued.tolist():
+        r.group[row] = stated.get(int(r.parent[row]), r.group[row])
+
+
+def _cross_rank_meta(r: _Rank, rows: np.ndarray) -> dict[str, object]:
+    """meta["cross_rank"], what the loader's cross-rank step needs beyond the table: each
+    worker-thread collective with the c10d op that issued it (-1 if issued before the window),
+    and how many comm rows this rank left without a group; {} for a rank with neither gloo
+    worker ops nor group-local peers."""
+    if not len(rows) and not (r.src_rank >= 0).any() and not (r.dst_rank >= 0).any():
+        return {}
+    issuers = np.stack([rows, r.parent[rows]], axis=1).tolist()
+    return {"cross_rank": {"issuers": issuers,
+                           "open": int(((r.group == "") & (r.comm != "")).sum())}}
 
 
 def _lanes(r: _Rank, names: dict[int, str], workers: np.ndarray
@@ -696,21 +759,29 @@ def _group_ranks(value: object, size: object) -> tuple[int, ...]:
     return tuple(sorted(_int(v) for v in value))
 
 
-def _groups(r: _Rank, pg_config: list) -> list[GroupInfo]:
-    """Groups from distributedInfo.pg_config, then from comm args for groups it lacks."""
+def _pg_config_groups(pg_config: list) -> dict[str, GroupInfo]:
+    """The groups distributedInfo.pg_config lists (this rank's own), with their stated size."""
     groups = {}
     for pg in pg_config:
         if isinstance(pg, dict) and "pg_name" in pg:
             gid = str(pg["pg_name"])
             groups[gid] = GroupInfo(gid, gid, str(pg.get("pg_desc", "") or ""),
-                                    _group_ranks(pg.get("ranks"), pg.get("pg_size")), "pg_config")
+                                    _group_ranks(pg.get("ranks"), pg.get("pg_size")), "pg_config",
+                                    max(_int(pg.get("pg_size")), 0))
+    return groups
+
+
+def _groups(r: _Rank, stated: dict[str, GroupInfo]) -> list[GroupInfo]:
+    """Groups from distributedInfo.pg_config, then from comm args for groups it lacks
+    (`Process Group Ranks` is cut past 30 ranks; `Group size` still says how many)."""
+    groups = dict(stated)
     carriers = np.flatnonzero((r.group != "") & np.isin(r.cat, (CPU_OP, KERNEL)))
     for row in carriers.tolist():
         gid, args = r.group[row], r.ev[row].args
         if gid not in groups and args.collective is not None:
             groups[gid] = GroupInfo(gid, gid, str(args.pg_desc or ""),
                                     _group_ranks(args.pg_ranks, args.group_size),
-                                    "Process Group Ranks")
+                                    "Process Group Ranks", max(_int(args.group_size), 0))
     return list(groups.values())
 
 
@@ -729,6 +800,7 @@ def _meta(trace: _Trace, info: dict, root: str, base_ns: int, rows: int) -> dict
         "version": ";".join(f"{k}={v}" for k, v in versions if v is not None),
         "device": str(device), "backend": str(info.get("backend", "") or ""),
         "world_size": _int(info.get("world_size")), "clock_base_ns": base_ns, "events": rows,
+        "host": str(trace.host_name or ""),
     }
 
 
@@ -744,6 +816,8 @@ def parse(files: RankFiles, read: Reader) -> ParsedRank:
                          f"name); pass --rank-map")
     base_ns = max(_int(trace.baseTimeNanoseconds), 0)
     pg_config = info.get("pg_config") if isinstance(info.get("pg_config"), list) else []
+    stated = _pg_config_groups(pg_config)
+    own = own_groups(rank, stated.values())
     r = _Rank(trace, base_ns)
     trace.traceEvents = None  # the events the table does not keep (flows, instants) go now
     if trace.baseTimeNanoseconds is None and r.n and r.start.min() < _RELATIVE_BELOW_NS:
@@ -752,19 +826,21 @@ def parse(files: RankFiles, read: Reader) -> ParsedRank:
                           f"the clock base is unknown")
     _host_comm(r)
     _p2p_peers(r)
+    _p2p_groups(r, rank, own)
     _launch_parents(r)
     _kernel_comm(r)
     _coalesced_p2p(r)
     names = _thread_names(r)
     workers = _gloo_workers(r, names)
-    _gloo_groups(r, workers, _gloo_issuers(r, workers), pg_config)
+    executed = _gloo_issuers(r, workers)
+    _gloo_groups(r, workers, executed, own)
     _sync_and_copies(r)
     _device_ids(r)
-    groups = _groups(r, pg_config)
+    groups = _groups(r, stated)
     r.release()
+    meta = _meta(trace, info, files.root, base_ns, r.n) | _cross_rank_meta(r, executed)
     return ParsedRank(rank=rank, events=_table(r, rank, names, workers), groups=groups,
-                      meta=_meta(trace, info, files.root, base_ns, r.n),
-                      warnings=warnings + r.warnings)
+                      meta=meta, warnings=warnings + r.warnings)
 
 
 def _table(r: _Rank, rank: int, names: dict[int, str], workers: np.ndarray) -> pa.Table:
@@ -775,6 +851,7 @@ def _table(r: _Rank, rank: int, names: dict[int, str], workers: np.ndarray) -> p
         "stream": r.stream, "name": r.name_arr, "kind": _dictionary(r.kind, schema.KINDS),
         "comm": r.comm, "start_ns": r.start, "dur_ns": r.dur, "group": r.group,
         "peer": r.peer, "seq": r.seq, "bytes": r.nbytes, "dtype": r.dtype,
+        "src_rank": r.src_rank, "dst_rank": r.dst_rank,
         "correlation": r.corr, "event_id": r.event_id, "wait_on_stream": r.wait_on,
         "task_type": _dictionary(r.cat, _CAT_NAMES), "step": step, "annotation": annotation,
     }, r.n)

@@ -148,8 +148,12 @@ def test_ddp8_steps_and_meta(rank: int) -> None:
     assert parsed.rank == rank  # rank_id (an int) of profiler_info_{rank}.json
     assert parsed.meta["framework"] == "torch_npu" and parsed.meta["backend"] == "hccl"
     assert parsed.meta["device"] == f"npu:{rank}"
-    # No parallel_group_info in this job: the group is known only from the op keys.
-    assert [(g.group, g.ranks, g.source) for g in parsed.groups] == [(DDP8_GROUP, (), "op name")]
+    # No parallel_group_info in this job: the group is known only from the op keys. Its size:
+    # communication_matrix.json's "allreduce-*@<group>" links are "0-0".."0-7" on rank 0 and
+    # "1-0".."1-7" on rank 1, and the Notify/Memcpy tasks' dst rank runs 0..7: group-local ranks
+    # 0-7, so at least 8 members (the README: 2 of 8 ranks of a DDP job); no world size stated.
+    assert [(g.group, g.ranks, g.size) for g in parsed.groups] == [(DDP8_GROUP, (), 8)]
+    assert parsed.groups[0].source == "at least: HCCL group-local ranks up to 7 named"
     assert parsed.warnings == []
 
 
@@ -225,7 +229,10 @@ def test_2023_two_part_names(rank: int, dst: int) -> None:
            1: {"368314942532213303", "7879368582424938016"}}[rank]
     groups = _parsed(f"torch_npu_2023_comm/test_rank_{rank}").groups
     assert {g.group for g in groups} == {"9350434047717501483", "13337953553061386822"} | own
-    assert {(g.ranks, g.source) for g in groups} == {((), "op name")}
+    assert {g.ranks for g in groups} == {()}
+    # their matrix links name group-local ranks up to 8 (rank 0, "0-8") / 9 (rank 1, "1-9")
+    sizes = {g.group: g.size for g in groups}
+    assert sizes["13337953553061386822"] == dst + 1
 
 
 # --- msprof-analyze single rank: legacy arg names, no HCCL --------------------------------------
@@ -341,6 +348,20 @@ def test_p2p_peer_from_notify_tasks(tmp_path: Path) -> None:
     assert (ev.loc["Notify Wait", "kind"], ev.loc["Notify Wait", "group"]) == ("comm_task", group)
     assert parsed.meta["framework"] == "msprof"
     assert np.array_equal(parsed.events.column("rank").to_numpy(), np.zeros(len(ev)))
+
+
+def test_group_size_from_the_ops_rank_size(tmp_path: Path) -> None:
+    """Simulated: newer HCCL op events carry `rank_size` (formats/ascend.md §2.5): a group that
+    no metadata lists gets that size, though its tasks name only group-local ranks 0 and 1."""
+    group = double_hash("some_comm")
+    hccl = {"ph": "M", "name": "process_name", "pid": 1088, "tid": 0, "args": {"name": "HCCL"}}
+    op = {"ph": "X", "name": f"hcom_allReduce__{group[-3:]}_0_1@{group}", "pid": 1088, "tid": 0,
+          "ts": "200.000", "dur": 10.0, "args": {"connection_id": 42, "rank_size": 16}}
+    task = {"ph": "X", "name": "Notify_Wait", "pid": 1088, "tid": 2, "ts": "205.500",
+            "dur": 0.5, "args": {"task type": "Notify_Wait", "src rank": 0, "dst rank": 1}}
+    parsed = _synthetic(tmp_path, [_device_events(1), [hccl, op, task]], {})
+    assert [(g.group, g.size, g.source) for g in parsed.groups] == [
+        (group, 16, "rank_size of its HCCL ops")]
 
 
 # --- simulated ground truth: Timeline -> write_ascend -> parse ---------------------------------

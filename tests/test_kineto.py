@@ -8,6 +8,7 @@ Known answers were counted by hand with a separate script that loads each file w
 from __future__ import annotations
 
 import gzip
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -79,17 +80,24 @@ def test_straggler_sleep_on_rank1_only(gloo):
         assert (sleeps["annotation"] == "straggler_sleep").all()
 
 
-@pytest.mark.parametrize(("rank", "peer"), [(0, 1), (1, 0), (2, 3), (3, 2)])
-def test_gloo_send_recv(gloo, rank, peer):
+# Concrete Inputs[2] of every c10d::send / recv_ is the group-local peer: "1", "0", "3", "2".
+# pg_config: rank 0 is in "0" [0..3] and "1" [0, 2], where local 1 is rank 1 or rank 2: its own
+# profile cannot tell (the loader can: test_load); ranks 1-3 have one group with that local rank.
+@pytest.mark.parametrize(("rank", "local", "peer"), [(0, 1, -1), (1, 0, 0), (2, 3, 3), (3, 2, 2)])
+def test_gloo_send_recv(gloo, rank, local, peer):
     events = gloo[rank][1]
-    for name, comm in (("c10d::send", "send"), ("c10d::recv_", "recv")):
+    for name, comm, side in (("c10d::send", "send", "dst_rank"),
+                             ("c10d::recv_", "recv", "src_rank")):
         calls = events[events["name"] == name]
         assert len(calls) == 8 and (calls["kind"] == schema.HOST).all()
-        assert (calls["comm"] == comm).all() and (calls["peer"] == peer).all()
+        assert (calls["comm"] == comm).all() and (calls[side] == local).all()
+        assert (calls["peer"] == peer).all()
+        assert (calls["group"] == ("" if peer < 0 else "0")).all()
         assert (calls["event_id"] == 0).all()  # tag 0 (Concrete Inputs[3])
         done = events[events["name"] == f"gloo:{comm}"]
         assert len(done) == 8 and (done["kind"] == schema.P2P).all()
-        assert (done["peer"] == peer).all() and (done["lane_kind"] == schema.THREAD).all()
+        assert (done[side] == local).all() and (done["peer"] == peer).all()
+        assert (done["lane_kind"] == schema.THREAD).all()
         assert (done["bytes"] == 16 * 64 * 4).all()  # Input Dims [[16, 64]], float
     # stage 0 (ranks 0, 2) sends in FWD, stage 1 receives there: mb 0..3 in each step
     fwd = events[(events["name"] == ("gloo:send" if rank in (0, 2) else "gloo:recv"))]
@@ -115,12 +123,45 @@ def test_gloo_collectives_on_comm_lanes(gloo):
         assert sorted(calls["group"]) == sorted(["0", "0"] + dp["group"].tolist())
 
 
+def test_gloo_worker_ops_name_their_issuing_c10d_op(gloo):
+    """meta["cross_rank"]["issuers"]: each worker-thread collective with the c10d op that
+    issued it (same comm and first Input Dims), for the loader to carry group and issue order."""
+    for parsed, events in gloo:
+        pairs = parsed.meta["cross_rank"]["issuers"]
+        assert len(pairs) == 6 and all(h >= 0 for _, h in pairs)
+        workers, calls = events.loc[[w for w, _ in pairs]], events.loc[[h for _, h in pairs]]
+        assert calls["name"].str.startswith("c10d::").all()
+        assert (workers["comm"].to_numpy() == calls["comm"].to_numpy()).all()
+        assert (workers["start_ns"].to_numpy() >= calls["start_ns"].to_numpy()).all()
+
+
+def test_gloo_worker_op_takes_the_group_its_c10d_op_states():
+    """Synthetic: groups "0" and "1" have the same members, so only a `record_param_comms`
+    inside the issuing c10d::allreduce_ (Process Group Name "1") can tell which one ran it."""
+    pgs = [{"pg_name": n, "pg_desc": d, "pg_size": 2, "ranks": [0, 1]}
+           for n, d in (("0", "default_pg"), ("1", "dp"))]
+    events = [
+        {"ph": "M", "name": "thread_name", "pid": 1, "tid": 2,
+         "args": {"name": "thread 2 (pt_gloo_runloop)"}},
+        {"ph": "X", "cat": "cpu_op", "name": "c10d::allreduce_", "pid": 1, "tid": 1, "ts": 10,
+         "dur": 5, "args": {"Input Dims": [[[4]], [], [], [], [], []]}},
+        {"ph": "X", "cat": "cpu_op", "name": "record_param_comms", "pid": 1, "tid": 1, "ts": 11,
+         "dur": 2, "args": {"Collective name": "allreduce", "Process Group Name": "1"}},
+        {"ph": "X", "cat": "user_annotation", "name": "gloo:all_reduce", "pid": 1, "tid": 2,
+         "ts": 12, "dur": 3, "args": {"Input Dims": [[4]], "Input type": ["float"]}},
+    ]
+    doc = {"distributedInfo": {"backend": "gloo", "rank": 0, "world_size": 2, "pg_config": pgs},
+           "baseTimeNanoseconds": 1_700_000_000_000_000_000, "traceEvents": events}
+    events = frame(parse("synthetic.json", raw=json.dumps(doc).encode())).set_index("name")
+    assert events.loc["gloo:all_reduce", "group"] == events.loc["c10d::allreduce_", "group"] == "1"
+
+
 def test_gloo_groups_from_pg_config(gloo):
     for rank, (parsed, _) in enumerate(gloo):
-        groups = {g.group: (g.desc, g.ranks, g.source) for g in parsed.groups}
+        groups = {g.group: (g.desc, g.ranks, g.source, g.size) for g in parsed.groups}
         dp = ("1", ("dp_stage0", (0, 2))) if rank in (0, 2) else ("2", ("dp_stage1", (1, 3)))
-        assert groups == {"0": ("default_pg", (0, 1, 2, 3), "pg_config"),
-                          dp[0]: (*dp[1], "pg_config")}
+        assert groups == {"0": ("default_pg", (0, 1, 2, 3), "pg_config", 4),  # pg_size 4
+                          dp[0]: (*dp[1], "pg_config", 2)}
 
 
 def test_rank0_waits_for_the_straggler_in_all_to_all(gloo):

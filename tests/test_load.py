@@ -37,6 +37,18 @@ def test_gloo_bundle_merges_four_ranks_and_their_groups(real: Path, cache_dir: P
         assert 200 < steps[rank]["2"] < 240
 
 
+def test_gloo_p2p_peers_are_global_once_loaded(real: Path, cache_dir: Path) -> None:
+    """Rank 0's sends name local peer "1", which its pg_config fits to rank 1 (group "0") and
+    to rank 2 (dp_stage0 [0, 2]); rank 2 never names local peer 0, so it is rank 1 on "0" (the
+    README: P2P within replica A = ranks 0, 1 and replica B = ranks 2, 3)."""
+    trace = tracegraph.load(real / GLOO, cache_dir=cache_dir)
+    p2p = trace.events[trace.events["name"].isin(["gloo:send", "gloo:recv"])]
+    peers = {int(r): set(p) for r, p in p2p.groupby("rank")["peer"]}
+    assert peers == {0: {1}, 1: {0}, 2: {3}, 3: {2}}
+    assert set(p2p["group"]) == {"0"}
+    assert not [w for w in trace.warnings if "gloo" in w]
+
+
 def test_ascend_pp2dp2_groups(real: Path, cache_dir: Path) -> None:
     trace = tracegraph.load(real / "ascend/torch_npu_pp2dp2_level2_comm", cache_dir=cache_dir)
     assert trace.rank_ids == [0, 1, 2, 3]

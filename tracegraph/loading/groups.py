@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from parsers.base import GroupInfo
+from parsers.groups import span_text
 from tracegraph import schema
 
 _DIMS = (  # first match wins; matched against the group's description / name
@@ -27,32 +29,77 @@ def parallel_dim(desc: str) -> str:
     return next((dim for dim, pattern in _DIMS if pattern.search(text)), "")
 
 
-def groups_frame(infos: list[GroupInfo], events: pa.Table) -> tuple[pd.DataFrame, list[str]]:
-    """The GROUPS table: stated members merged over ranks, else the ranks seen using the group."""
-    merged: dict[str, dict[str, object]] = {}
+def groups_frame(infos: list[GroupInfo], events: pa.Table, world_size: int = -1
+                 ) -> tuple[pd.DataFrame, list[str]]:
+    """The GROUPS table: the members the profiles state, merged over ranks; else, for the world
+    group, range(world_size) when a world size is stated; else the ranks seen using the group.
+    `size` is the largest member count any rank states (at least the members named)."""
+    merged: dict[str, _Merged] = {}
     for info in infos:
-        row = merged.setdefault(info.group, {"group": info.group, "name": "", "desc": "",
-                                             "ranks": set(), "source": ""})
-        row["name"] = row["name"] or info.name
-        row["desc"] = row["desc"] or info.desc
-        row["ranks"] |= set(info.ranks)
-        row["source"] = row["source"] or (info.source if info.ranks else "")
-    observed = _observed_members(events)
+        merged.setdefault(info.group, _Merged(info.group)).add(info)
     warnings = []
-    for group, users in observed.items():
-        row = merged.setdefault(group, {"group": group, "name": "", "desc": "",
-                                        "ranks": set(), "source": ""})
-        if not row["ranks"]:
-            row["ranks"], row["source"] = set(users), "observed"
-        elif outside := users - row["ranks"]:
+    for group, users in _observed_members(events).items():
+        row = merged.setdefault(group, _Merged(group))
+        if not row.ranks:
+            row.ranks, row.source = set(users), "observed"
+        elif outside := users - row.ranks:
             warnings.append(f"group {group}: ranks {sorted(outside)} use it but are not members")
-    rows = [
-        {**row, "ranks": sorted(row["ranks"]), "size": len(row["ranks"]),
-         "dim": parallel_dim(f"{row['desc']} {row['name']}")}
-        for row in merged.values()
-    ]
+    rows = [row.final(world_size) for row in merged.values()]
     frame = pd.DataFrame(rows, columns=schema.GROUPS.names)
     return frame.sort_values("group", ignore_index=True), warnings
+
+
+@dataclass
+class _Merged:
+    """What the ranks' profiles say of one group, merged."""
+
+    group: str
+    name: str = ""
+    desc: str = ""
+    ranks: set[int] = field(default_factory=set)
+    source: str = ""  # of the members
+    size: int = 0  # the largest member count stated
+    size_source: str = ""
+
+    def add(self, info: GroupInfo) -> None:
+        self.name, self.desc = self.name or info.name, self.desc or info.desc
+        self.ranks |= set(info.ranks)
+        self.source = self.source or (info.source if info.ranks else "")
+        if info.size > self.size:
+            self.size, self.size_source = info.size, info.source
+
+    def final(self, world_size: int) -> dict[str, object]:
+        """The GROUPS row (dim from its description and name)."""
+        dim = parallel_dim(f"{self.desc} {self.name}")
+        ranks, source = self.ranks, self.source
+        if dim == "world" and world_size > 0 and source in ("", "observed"):
+            ranks, source = set(range(world_size)), "world_size"
+        size = max(len(ranks), self.size)
+        if size > len(ranks) and self.size_source != source:
+            source = f"{source}; size {self.size_source}"
+        return {"group": self.group, "name": self.name, "desc": self.desc, "dim": dim,
+                "ranks": sorted(ranks), "size": size, "source": source}
+
+
+def absent_ranks(groups: pd.DataFrame, present: set[int], world_size: int = -1) -> list[str]:
+    """Warnings (at most two) on ranks the profiles say exist but the bundle lacks: those named
+    by world_size or a group's stated members, and members whose global rank is not stated."""
+    stated = groups[groups["source"].str.split(";").str[0] != "observed"]
+    named = set(range(world_size)) if world_size > 0 else set()
+    named |= {int(r) for ranks in stated["ranks"] for r in ranks}
+    warnings = []
+    if absent := named - present:
+        why = [f"world_size {world_size}"] if world_size > 0 else []
+        why += ["the groups' stated members"] if len(stated) else []
+        warnings.append(f"{len(absent)} rank(s) that {' and '.join(why)} name are absent from "
+                        f"the bundle: {span_text(absent)}")
+    unnamed = groups[groups["size"] > groups["ranks"].map(len)]
+    for group, size, ranks in zip(unnamed["group"], unnamed["size"], unnamed["ranks"],
+                                  strict=True):
+        warnings.append(f"group {group} has {size} members ({len(ranks)} in the bundle: "
+                        f"{span_text(ranks)}); the other {size - len(ranks)} are not in the "
+                        "bundle and their global ranks are not stated")
+    return warnings
 
 
 def _observed_members(events: pa.Table) -> dict[str, set[int]]:

@@ -24,7 +24,8 @@ from parsers.base import GroupInfo, ParsedRank, RankFiles, TraceError
 from parsers.bundle import Bundle, open_bundle
 from tracegraph import schema
 from tracegraph.loading import cache
-from tracegraph.loading.groups import groups_frame
+from tracegraph.loading.groups import absent_ranks, groups_frame
+from tracegraph.loading.resolve import settle
 from tracegraph.loading.trace import Trace
 from tracegraph.progress import Progress
 
@@ -198,7 +199,9 @@ def _finish(profile: RankFiles, parsed: ParsedRank, store: Path | None, key: str
 
 def _merge(source: Path, parsed: list[tuple[RankFiles, ParsedRank]],
            profiles: list[RankFiles], warnings: list[str]) -> Trace:
-    """One Trace from the per-rank results; duplicate ranks are an error."""
+    """One Trace from the per-rank results; duplicate ranks are an error. What only several
+    ranks together say (gloo groups and peers) is settled first; ranks the profiles name but
+    the bundle lacks are warned about once."""
     seen: dict[int, str] = {}
     for profile, rank in parsed:
         if rank.rank in seen:
@@ -208,15 +211,27 @@ def _merge(source: Path, parsed: list[tuple[RankFiles, ParsedRank]],
         seen[rank.rank] = profile.root
         warnings.extend(f"rank {rank.rank}: {w}" for w in rank.warnings)
     parsed.sort(key=lambda item: item[1].rank)
+    warnings.extend(settle([r for _, r in parsed]))
     ranks = pd.DataFrame([_rank_row(p, r) for p, r in parsed], columns=schema.RANKS.names)
+    world = _world_size(parsed, warnings)
     events = _concat_events(parsed)
     groups: list[GroupInfo] = [g for _, r in parsed for g in r.groups]
-    group_frame, group_warnings = groups_frame(groups, events)
+    group_frame, group_warnings = groups_frame(groups, events, world)
     warnings.extend(group_warnings)
+    warnings.extend(absent_ranks(group_frame, set(seen), world))
     return Trace(source=source, events=_to_pandas(events), groups=group_frame,
                  ranks=ranks.astype({"rank": "int32", "world_size": "int32", "events": "int64",
                                      "clock_base_ns": "int64", "clock_offset_ns": "int64"}),
                  warnings=warnings)
+
+
+def _world_size(parsed: list[tuple[RankFiles, ParsedRank]], warnings: list[str]) -> int:
+    """The world size the ranks state (-1 if none does); the largest, said, if they differ."""
+    sizes = {int(r.meta.get("world_size") or -1) for _, r in parsed} - {-1}
+    if len(sizes) > 1:
+        warnings.append(f"the ranks state different world sizes ({sorted(sizes)}); using "
+                        f"{max(sizes)}")
+    return max(sizes, default=-1)
 
 
 def _concat_events(parsed: list[tuple[RankFiles, ParsedRank]]) -> pa.Table:

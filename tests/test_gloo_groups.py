@@ -1,0 +1,215 @@
+"""Process groups, global peers and group membership on real gloo and Ascend profiles.
+
+The known answers are the recorded corpus's ground_truth.json (`groups`: torch's own pg names,
+ranks and roles from `pg_config`; `parallelism.stage_of_rank`) and facts read by hand from the
+files, cited where used. torch 2.13's gloo names no group on any op and gives P2P peers as
+group-local ranks (tests/data/corpus/README.md, "Quirks"), so each fact below is one the loader
+must derive; none holds on the code before the cross-rank step (tracegraph/loading/resolve.py).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import tracegraph
+from tests.corpus import CASES, folder, raw, truth
+from tracegraph.loading.trace import Trace
+
+GLOO_OPS = ("gloo:all_reduce", "gloo:all_to_all")
+P2P_OPS = ("c10d::send", "c10d::recv_", "gloo:send", "gloo:recv")
+
+
+@pytest.fixture(scope="module")
+def loaded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Trace]:
+    cache = tmp_path_factory.mktemp("cache")
+    return {case: tracegraph.load(folder(case), cache_dir=cache, jobs=1) for case in CASES}
+
+
+def _truth_groups(case: str) -> dict[str, dict]:
+    """The truth's groups that some file of the case lists (pp2dp2_one_replica lacks the
+    pg_config of ranks 1 and 3, so nothing in it states group "4")."""
+    return {g["name"]: g for g in truth(case)["groups"] if g["listed_by"]}
+
+
+def _dp_group_of(case: str, rank: int) -> str:
+    return next(name for name, g in _truth_groups(case).items()
+                if g["dim"] == "dp" and rank in g["ranks"])
+
+
+def _ops(trace: Trace, names: tuple[str, ...]) -> pd.DataFrame:
+    return trace.events[trace.events["name"].isin(names)]
+
+
+# --- defect 1: the group of each worker-thread collective --------------------------------------
+@pytest.mark.parametrize("case", ["pp2dp2_wait_before_send", "pp2dp2_wait_after_send"])
+def test_dp_all_reduce_runs_on_the_dp_group_of_its_rank(loaded: dict[str, Trace], case: str
+                                                        ) -> None:
+    ops = _ops(loaded[case], ("gloo:all_reduce", "c10d::allreduce_"))
+    assert len(ops) == 16  # per rank: 2 steps x (c10d::allreduce_ + its gloo:all_reduce)
+    for rank, mine in ops.groupby("rank"):
+        assert set(mine["group"]) == {_dp_group_of(case, int(rank))}  # "1" for 0, 1; "2" else
+
+
+def test_one_replica_all_reduce_on_its_dp_group_though_the_partner_is_absent(
+        loaded: dict[str, Trace]) -> None:
+    ops = _ops(loaded["pp2dp2_one_replica"], ("gloo:all_reduce",))
+    assert dict(zip(ops["rank"], ops["group"], strict=True)) == {0: "1", 2: "2"}
+
+
+def test_world_metrics_dp_reductions_settled_and_the_world_one_left_open(
+        loaded: dict[str, Trace]) -> None:
+    """The DP all_reduce (33024 floats) runs on dp_stage0 / dp_stage1 ("3" / "4"); the 1-float
+    metrics all_reduce runs on the world group, which nothing in the files proves (each rank's
+    PP and DP groups fit its timing too): it stays group-less, never put on a DP group."""
+    trace = loaded["world_metrics_allreduce"]
+    ops = _ops(trace, ("gloo:all_reduce",))
+    dp = ops[ops["bytes"] == 33024 * 4]
+    assert len(dp) == 8
+    assert all(g == _dp_group_of("world_metrics_allreduce", r)
+               for r, g in zip(dp["rank"], dp["group"], strict=True))
+    assert set(ops.loc[ops["bytes"] == 4, "group"]) == {""}
+    assert sum("gloo collectives on 2 worker thread(s) is one of 0, " in w
+               for w in trace.warnings) == 4
+
+
+@pytest.mark.parametrize("case", ["dp4_opt_straggler", "dp4_host_stall", "ep4_a2a_layers"])
+def test_groups_with_the_same_members_are_not_guessed(loaded: dict[str, Trace], case: str
+                                                      ) -> None:
+    """Groups "0" and "1" both hold ranks 0-3: no fact in a gloo profile tells them apart."""
+    trace = loaded[case]
+    assert set(_ops(trace, GLOO_OPS)["group"]) == {""}
+    said = [w for w in trace.warnings if "is one of 0, 1 (same members)" in w]
+    assert [w.split(":")[0] for w in said] == [f"rank {r}" for r in range(4)]
+
+
+def test_sequence_numbers_follow_the_issued_order(loaded: dict[str, Trace]) -> None:
+    """dp4_fwd_straggler: two async buckets per step; on some rank the worker spans start in
+    another order than the c10d::allreduce_ calls (README quirks). The instance numbers follow
+    the calls, so every instance has one size on all four ranks."""
+    ops = _ops(loaded["dp4_fwd_straggler"], ("gloo:all_reduce",))
+    by_start = ops.sort_values("start_ns").groupby("rank")["bytes"].apply(list)
+    assert by_start.map(tuple).nunique() > 1  # the spans alone would pair unlike buckets
+    assert sorted(ops["seq"].unique()) == [0, 1, 2, 3]
+    assert (ops.groupby("seq")["bytes"].nunique() == 1).all()
+    assert (ops.groupby("seq")["rank"].nunique() == 4).all()
+
+
+# --- defect 2: P2P peers are group-local -------------------------------------------------------
+@pytest.mark.parametrize("case", ["pp2dp2_wait_before_send", "pp2dp2_wait_after_send",
+                                  "pp2dp2_one_replica"])
+def test_p2p_has_the_global_peer_of_the_other_stage_and_the_pp_group(
+        loaded: dict[str, Trace], case: str) -> None:
+    """Every send / recv says peer "1" (stage 0) or "0" (stage 1), local to its PP group."""
+    p2p = _ops(loaded[case], P2P_OPS)
+    assert len(p2p) == 32 * len(truth(case)["ranks"])
+    pp = {r: g for g in _truth_groups(case).values() if g["dim"] == "pp" for r in g["ranks"]}
+    for rank, mine in p2p.groupby("rank"):
+        other = next(r for r in pp[int(rank)]["ranks"] if r != rank)  # 0<->2, 1<->3
+        assert set(mine["peer"]) == {other}
+        assert set(mine["group"]) == {pp[int(rank)]["name"]}
+        assert set(mine["dst_rank"].where(mine["comm"] == "send", mine["src_rank"])) == {
+            pp[int(rank)]["ranks"].index(other)}  # the local peer is kept
+
+
+@pytest.mark.parametrize("case", ["pp4_1f1b_healthy", "pp4_1f1b_bwd_straggler",
+                                  "world_metrics_allreduce"])
+def test_p2p_peers_are_the_neighbouring_stages(loaded: dict[str, Trace], case: str) -> None:
+    t = truth(case)
+    stage = {int(r): s for r, s in t["parallelism"]["stage_of_rank"].items()}
+    pp = {r: g["ranks"] for g in t["groups"] if g["dim"] == "pp" for r in g["ranks"]}
+    p2p = _ops(loaded[case], P2P_OPS)
+    assert (p2p["peer"] >= 0).all()
+    for rank, peer in set(zip(p2p["rank"], p2p["peer"], strict=True)):
+        assert abs(stage[rank] - stage[peer]) == 1 and peer in pp[rank]
+
+
+def test_p2p_group_left_open_between_groups_with_the_same_members(
+        loaded: dict[str, Trace]) -> None:
+    """pp4: PP group "5" and the default group "0" both hold ranks 0-3 in the same order."""
+    trace = loaded["pp4_1f1b_healthy"]
+    assert set(_ops(trace, P2P_OPS)["group"]) == {""}
+    assert sum("group one of 0, 5 (same members)" in w for w in trace.warnings) == 6
+
+
+# --- defect 3: membership and size from what the profiles state --------------------------------
+@pytest.mark.parametrize("case", CASES)
+def test_group_members_and_sizes_are_the_truth(loaded: dict[str, Trace], case: str) -> None:
+    groups = loaded[case].groups.set_index("group")
+    expected = _truth_groups(case)
+    assert set(groups.index) == set(expected)  # also those whose threads never appear
+    for name, g in expected.items():
+        assert list(groups.at[name, "ranks"]) == g["ranks"]
+        assert groups.at[name, "size"] == len(g["ranks"])
+        assert groups.at[name, "source"] == "pg_config"
+
+
+def test_ddp8_group_size_is_what_the_profile_states(real: Path, tmp_path: Path) -> None:
+    """torch_npu_ddp8_level1 holds 2 of 8 ranks. Nothing states a world size (profiler_info
+    has only rank_id, profiler_metadata.json only ENV_VARIABLES); communication_matrix.json's
+    `allreduce-*@17522688603477080586` entries link "0-0".."0-7" (rank 0) and "1-0".."1-7"
+    (rank 1), and the HCCL tasks' dst rank runs 0..7: group-local ranks 0-7, 8 members."""
+    trace = tracegraph.load(real / "ascend/torch_npu_ddp8_level1", cache_dir=tmp_path)
+    group = trace.groups.set_index("group").loc["17522688603477080586"]
+    assert (group["size"], list(group["ranks"])) == (8, [0, 1])  # only 0, 1 are known by rank
+    assert [w for w in trace.warnings if "17522688603477080586 has 8 members" in w] == [
+        "group 17522688603477080586 has 8 members (2 in the bundle: 0, 1); the other 6 are not "
+        "in the bundle and their global ranks are not stated"]
+
+
+def test_ascend_world_group_from_parallel_group_info(real: Path, tmp_path: Path) -> None:
+    """torch_npu_pp2dp2_level2_comm: parallel_group_info "group_name_0" (default_group) lists
+    global_ranks [0, 1, 2, 3]; distributed_args.world_size is 4."""
+    trace = tracegraph.load(real / "ascend/torch_npu_pp2dp2_level2_comm", cache_dir=tmp_path)
+    world = trace.groups[trace.groups["desc"] == "default_group"].iloc[0]
+    assert (list(world["ranks"]), world["size"], world["dim"]) == ([0, 1, 2, 3], 4, "world")
+    assert not any("absent" in w for w in trace.warnings)
+
+
+# --- defect 4: the parallel dimension never contradicts the role -------------------------------
+@pytest.mark.parametrize("case", CASES)
+def test_dims_never_contradict_the_truth(loaded: dict[str, Trace], case: str) -> None:
+    """Right or "" — except that the default group stays "world": in dp4_healthy and
+    dp4_fwd_straggler the job uses it for DP (truth "dp"), which its name does not say."""
+    dims = dict(zip(loaded[case].groups["group"], loaded[case].groups["dim"], strict=True))
+    for name, g in _truth_groups(case).items():
+        if g["desc"] == "default_pg":
+            assert dims[name] == "world"
+        else:
+            assert dims[name] in (g["dim"], "")
+            assert dims[name] == g["dim"]  # every corpus group names its role
+
+
+# --- defect 5: a rank missing from the bundle --------------------------------------------------
+def test_one_replica_warns_once_that_ranks_1_and_3_are_absent(loaded: dict[str, Trace]) -> None:
+    said = [w for w in loaded["pp2dp2_one_replica"].warnings if "absent" in w]
+    assert said == ["2 rank(s) that world_size 4 and the groups' stated members name are absent "
+                    "from the bundle: 1, 3"]
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c != "pp2dp2_one_replica"])
+def test_complete_bundles_do_not_warn_of_absent_ranks(loaded: dict[str, Trace], case: str
+                                                      ) -> None:
+    assert not [w for w in loaded[case].warnings if "absent" in w]
+
+
+# --- no guess when the timings contradict every group ------------------------------------------
+def test_clocks_apart_leave_the_groups_open(tmp_path: Path) -> None:
+    """Rank 3 of pp2dp2_wait_before_send shifted 260 ms earlier: its all_reduces (244.4-245.7
+    and 526.9-529.8 ms, rank 2's at 0-245.6 and 285.6-529.7) fall where no rank has one, so
+    the timings contradict every group they could be on; nothing is settled by them."""
+    case = "pp2dp2_wait_before_send"
+    shutil.copytree(folder(case), tmp_path / case)
+    doc = raw(case, 3)
+    for event in doc["traceEvents"]:
+        if "ts" in event:
+            event["ts"] -= 260_000
+    (tmp_path / case / "rank3.json.gz").write_bytes(gzip.compress(json.dumps(doc).encode()))
+    trace = tracegraph.load(tmp_path / case, use_cache=False)
+    assert any("timings rule out every group" in w for w in trace.warnings)
+    assert set(_ops(trace, ("gloo:all_reduce",))["group"]) == {""}
