@@ -70,8 +70,7 @@ def analyze(trace: Trace, *, threshold_ms: float = 1.0, executor: Executor | Non
         bar.advance()
         offsets = estimate_offsets(ops, matches)
         shift = ops.frame["rank"].map(offsets).fillna(0).astype("int64").to_numpy()
-        graph = build_graph(ops, matches, ops.start - shift, ops.end - shift,
-                            trace.group_members())
+        graph = build_graph(ops, matches, ops.start - shift, ops.end - shift, trace.groups)
         steps = with_launched_work(step_windows(trace.events, offsets), graph)
         bar.advance()
         walk = BindingWalk(graph)

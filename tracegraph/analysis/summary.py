@@ -67,7 +67,11 @@ def _root(piece: Interval, members: dict[str, tuple[int, ...]], present: set[int
     if piece.note:
         root["note"] = piece.note
     if piece.unprofiled_group in members:
-        root["profile_ranks"] = [r for r in members[piece.unprofiled_group] if r not in present]
+        absent = [r for r in members[piece.unprofiled_group] if r not in present]
+        if absent:
+            root["profile_ranks"] = absent
+        else:  # the profile states how many members, not which
+            root["note"] += "; their global ranks are not stated: profile the whole group"
     return root
 
 

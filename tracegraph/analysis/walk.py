@@ -331,9 +331,10 @@ class BindingWalk:
             return
         if self.kind[i] == schema.WAIT:
             _add(out, i, a, b, NO_RECORD)
-        elif self.graph.dep[i] < 0 and (self.graph.unprofiled[i] or self.graph.unmatched[i]):
-            if self.graph.unmatched[i]:
-                self._link(UNMATCHED_CONFIDENCE, "a peer's matching op was not found")
+        elif self.graph.unprofiled[i]:  # after the last profiled member: absent ones, or the
+            _add(out, i, a, b, WAITING)  # transfer itself; the profile cannot tell which
+        elif self.graph.dep[i] < 0 and self.graph.unmatched[i]:
+            self._link(UNMATCHED_CONFIDENCE, "a peer's matching op was not found")
             _add(out, i, a, b, WAITING)
         else:
             _add(out, i, a, b, RAN)

@@ -210,14 +210,14 @@ _KIND_DTYPE = pd.CategoricalDtype(EDGE_KINDS)
 
 
 def build_graph(ops: Ops, matches: Matches, start: np.ndarray, end: np.ndarray,
-                members: dict[str, tuple[int, ...]] | None = None) -> DepGraph:
+                groups: pd.DataFrame | None = None) -> DepGraph:
     """The DAG of `ops` from the matches, with P2P and collective edges directed on the aligned
-    clock (`start`, `end`): the later arriver releases the others. `members`: each group's
-    stated members (a collective whose group has members absent from `ops` may wait for them)."""
+    clock (`start`, `end`): the later arriver releases the others. `groups`: the GROUPS table
+    (a collective whose group has members absent from `ops` may wait for them)."""
     frame = ops.frame
     n = len(frame)
     present = set(np.unique(frame["rank"].to_numpy()).tolist())
-    unprofiled, unmatched = _missing_peers(frame, matches, members or {}, present)
+    unprofiled, unmatched = _missing_peers(frame, matches, groups, present)
     prev = _device_prev(ops.lane_prev(), host_side_waits(frame))
     dep, how = matches.dep.copy(), matches.how.copy()
     queued = np.full(n, -1, dtype=np.int64)
@@ -317,19 +317,23 @@ def _device_prev(prev: np.ndarray, host_side: np.ndarray) -> np.ndarray:
     return out
 
 
-def _missing_peers(frame: pd.DataFrame, matches: Matches, members: dict[str, tuple[int, ...]],
+def _missing_peers(frame: pd.DataFrame, matches: Matches, groups: pd.DataFrame | None,
                    present: set[int]) -> tuple[np.ndarray, np.ndarray]:
-    """Per op: how many members of its collective's group are absent from the bundle, and
-    whether a peer in the bundle has no op matched with it (its instance lacks a present
-    member, or a P2P half has no partner): then who arrived last is unknown."""
+    """Per op: how many members of its collective's group are absent from the bundle (of its
+    stated size, when the profile states more members than it names), and whether a peer in
+    the bundle has no op matched with it (its instance lacks a present member, or a P2P half
+    has no partner): then who arrived last is unknown."""
     n = len(frame)
     unprofiled, unmatched = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=bool)
+    stated = {} if groups is None or not len(groups) else {
+        str(g): (tuple(int(r) for r in ranks), int(size))
+        for g, ranks, size in zip(groups["group"], groups["ranks"], groups["size"], strict=True)}
     instances = matches.instances
     for ops, group in zip(instances.get("ops", []), instances.get("group", []), strict=True):
-        stated = members.get(str(group), ())
-        absent = sum(r not in present for r in stated)
-        unprofiled[ops] = absent
-        unmatched[ops] = len(ops) < len(stated) - absent
+        ranks, size = stated.get(str(group), ((), 0))
+        profiled = sum(r in present for r in ranks)
+        unprofiled[ops] = max(size, len(ranks)) - profiled
+        unmatched[ops] = len(ops) < profiled
     p2p = (frame["kind"].to_numpy() == schema.P2P) & (matches.how != "p2p")
     unmatched[p2p & np.isin(frame["peer"].to_numpy(), list(present))] = True
     return unprofiled, unmatched
