@@ -48,6 +48,7 @@ def test_fixed_job_has_no_long_bubble(real: Path, tmp_path: Path) -> None:
     assert max(b.dur for b in fixed.bubbles) < 10e6
     steps = fixed.steps.groupby("step").apply(lambda s: (s["end"] - s["start"]).max())
     assert steps.max() < 25e6  # README: step ≈ 18 ms
+    assert fixed.slow_ranks == set()  # no rank sleeps: no straggler (stage 0 was named before)
 
 
 @pytest.fixture(scope="module")

@@ -75,3 +75,36 @@ def test_healthy_controls_have_no_straggler(case: str) -> None:
     assert analysis.slow_ranks == set()
     straggling = [b for b in analysis.bubbles if b.category == causes.COMPUTE_STRAGGLER]
     assert not straggling, [(b.rank, b.step, b.name, b.dur) for b in straggling[:3]]
+
+
+def test_the_seed_fix_pair_passes_the_check_only_after_the_fix() -> None:
+    """The seed's check (the main lane never waits on a DP reduction before its P2P send) on
+    the recorded bug and fix: the bug fails it on both stage-1 ranks (their DP_GRAD_WAIT comes
+    before BWD_SEND by construction), the fix passes it."""
+    from tracegraph.verify.checks import evaluate, preset
+
+    rule = [r for r in preset("hsdp-async-reduction") if r.type == "no_reduction_wait_before_p2p"]
+    (bug,) = evaluate(rule, analysed("pp2dp2_wait_before_send"))
+    (fix,) = evaluate(rule, analysed("pp2dp2_wait_after_send"))
+    assert not bug.passed and {v.rank for v in bug.violations} == {2, 3}
+    assert fix.passed and not fix.violations
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_unprofiled_members_only_when_ranks_are_absent(case: str) -> None:
+    """Every rank of a group profiled: no wait is blamed on 'unprofiled members'; a rank
+    absent: the verdict names it."""
+    analysis = analysed(case)
+    absent = set(truth(case)["absent_ranks"])
+    named = {r for b in analysis.bubbles for i in b.intervals if i.unprofiled_group
+             for r in analysis.trace.group_members()[i.unprofiled_group]
+             if r not in analysis.trace.rank_ids}
+    assert named <= absent
+    if not absent:
+        assert not any("unprofiled" in i.note for b in analysis.bubbles for i in b.intervals)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if truth(c)["parallelism"]["pp"] == 1])
+def test_a_job_without_a_pipeline_has_no_pipeline_causes(case: str) -> None:
+    charged = {i.category for b in analysed(case).bubbles for i in b.intervals}
+    assert not charged & {causes.PIPELINE_FILL, causes.PP_P2P}, charged
