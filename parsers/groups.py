@@ -26,8 +26,9 @@ def global_peers(rank: int, local: int, groups: Members) -> set[tuple[str, int]]
             if 0 <= local < len(ranks) and ranks[local] != rank}
 
 
-def span_text(ranks: Iterable[int]) -> str:
-    """Sorted ranks as short text: "1, 3", "2-7", "0, 4-9"."""
+def span_text(ranks: Iterable[int], limit: int = 16) -> str:
+    """Sorted ranks as short text: "1, 3", "2-7", "0, 4-9"; past `limit` runs, the first ones
+    and how many ranks in all."""
     values = sorted(set(ranks))
     runs: list[list[int]] = []
     for value in values:
@@ -35,4 +36,6 @@ def span_text(ranks: Iterable[int]) -> str:
             runs[-1].append(value)
         else:
             runs.append([value])
-    return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 2 else ", ".join(map(str, r)) for r in runs)
+    text = ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 2 else ", ".join(map(str, r))
+                     for r in runs[:limit])
+    return text + (f", … ({len(values)} ranks in all)" if len(runs) > limit else "")

@@ -95,6 +95,8 @@ def test_sampled_traces_are_flagged_unsafe_for_order_matching(real: Path, tmp_pa
     analysis = analyze(trace)
     assert any("unsafe" in w for w in analysis.warnings)
     assert not analysis.matches.instances["safe"].all()
+    # its gaps may be kernels the sampler dropped: no verdict on it is more than low
+    assert analysis.bubbles and {b.sureness for b in analysis.bubbles} == {"low"}
 
 
 def test_critical_path_runs_through_the_sleep(gloo: Analysis) -> None:

@@ -74,7 +74,7 @@ def test_wait_is_charged_along_the_chain() -> None:
     assert wait.category == causes.DP_REDUCTION
     assert wait.chain() == [0, 1]
     assert wait.root.rank == 1 and wait.root.name.startswith("hcom_allReduce")
-    assert "31 unprofiled members of group dp1" in wait.root.note
+    assert "the 31 members of group dp1 absent from the bundle" in wait.root.note
 
 
 def test_clock_offset_is_estimated_and_removed() -> None:

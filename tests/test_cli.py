@@ -60,3 +60,9 @@ def test_invalid_json_is_one_line_exit_2(tmp_path: Path, cache_dir: Path) -> Non
     assert run.returncode == 2, run.stdout
     assert "Traceback" not in run.stderr
     assert "rank0.json" in run.stderr
+
+
+def test_a_step_the_bundle_lacks_is_bad_input(cache_dir: Path) -> None:
+    run = tracegraph("analyze", str(SAMPLES / "gloo_pp2_dp2"), "--step", "99", cache=cache_dir)
+    assert run.returncode == 2
+    assert run.stderr.strip().splitlines()[-1].endswith("no step 99; its steps: 2, 3")

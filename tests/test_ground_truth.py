@@ -75,7 +75,7 @@ def test_seed_wait_and_its_chain(fmt: str, tmp_path: Path) -> None:
                        if p["category"] == category)
         assert abs(charged.get(category, 0) / 1e6 - truth_ms) < 1.0, category
     assert 360 < charged[causes.DP_REDUCTION] / 1e6 < 380
-    assert "unprofiled members of group" in wait.root.note
+    assert "members of group" in wait.root.note and "absent from the bundle" in wait.root.note
 
 
 @pytest.mark.parametrize("fmt", ["ascend", "kineto"])
@@ -123,3 +123,15 @@ def test_seed_critical_path_crosses_every_stage(fmt: str, tmp_path: Path) -> Non
     assert {s.rank for s in path} == {0, 4096, 8192, 12288}
     reduction = sum(s.end - s.start for s in path if s.category == causes.DP_REDUCTION)
     assert reduction > 300e6  # the HSDP tails of 12288 and 8192 lie on the path
+
+
+def test_a_wait_on_two_hsdp_groups_names_both(tmp_path: Path) -> None:
+    """Rank 12288's 473 ms EVENT_WAIT waits for its 128-rank HSDP AllReduce, then for its
+    32-rank one (ground truth: a straggler in each): two intervals, two groups to profile,
+    not one interval named after the longer."""
+    analysis, _ = analysed("hsdp-straggler-sync-ascend", tmp_path)
+    wait = max((b for b in analysis.bubbles if b.rank == 12288), key=lambda b: b.dur)
+    groups = [i.unprofiled_group for i in wait.intervals if i.category == causes.DP_REDUCTION]
+    assert len(set(groups)) == 2, [(i.name, i.dur) for i in wait.intervals]
+    sizes = {len(analysis.trace.group_members()[g]) for g in groups}
+    assert sizes == {32, 128}

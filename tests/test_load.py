@@ -121,3 +121,13 @@ def test_rank_map_file_must_be_json(tmp_path: Path) -> None:
     bad.write_text(json.dumps([1, 2]))
     with pytest.raises(TraceError, match="map.json"):
         _read_rank_map(bad)
+
+
+def test_long_rank_lists_are_cut_in_warnings() -> None:
+    """The seed bundle misses 508 ranks of its groups: the warning lists runs, then a count."""
+    from parsers.groups import span_text
+
+    assert span_text([0, 1, 2, 3, 9]) == "0-3, 9"
+    strided = span_text(range(32, 32 * 509, 32))
+    assert strided.startswith("32, 64, 96") and strided.endswith("… (508 ranks in all)")
+    assert strided.count(",") == 16

@@ -73,7 +73,7 @@ class Bubble:
     def sureness(self) -> str:
         """high (links matched by ids or sequence numbers), medium (by order or timing rule)
         or low (inferred by time, or a peer's op not found)."""
-        return "high" if self.confidence >= 0.95 else "medium" if self.confidence >= 0.7 \
+        return "high" if self.confidence >= 0.95 else "medium" if self.confidence >= 0.85 \
             else "low"
 
     @property
@@ -154,7 +154,8 @@ class Blamer:
             note = ""
         elif piece.why == walk.WAITING and graph.unprofiled[op]:
             group = str(graph.group[op])
-            note = f"straggler among the {graph.unprofiled[op]} unprofiled members of group {group}"
+            note = (f"waits on the {graph.unprofiled[op]} members of group {group} absent from "
+                    "the bundle: a late one, or the transfer itself")
         elif piece.why == walk.WAITING:
             note = UNMATCHED
         return Interval(piece.start, piece.end, self.category(piece), int(graph.rank[op]),
@@ -162,12 +163,14 @@ class Blamer:
 
 
 def _merge(pieces: list[Interval]) -> list[Interval]:
-    """Sorted intervals with adjacent pieces of the same category, rank and lane joined."""
+    """Sorted intervals with adjacent pieces of the same category, rank and lane joined (not
+    across groups with members absent: two groups, two places to look)."""
     merged: list[Interval] = []
     for piece in sorted(pieces, key=lambda p: p.start):
         last = merged[-1] if merged else None
         if (last and last.category == piece.category and last.rank == piece.rank
-                and last.lane == piece.lane and piece.start - last.end <= 1_000):
+                and last.lane == piece.lane and piece.start - last.end <= 1_000
+                and last.unprofiled_group == piece.unprofiled_group):
             if piece.dur > last.dur:
                 last.name, last.note, last.op = piece.name, piece.note, piece.op
                 last.unprofiled_group = piece.unprofiled_group

@@ -9,6 +9,9 @@ from tracegraph import schema
 from tracegraph.analysis.blame import Blamer, Bubble
 from tracegraph.graph.depgraph import DepGraph
 
+SAMPLED_CONFIDENCE = 0.5  # a trace whose collectives refused order matching may miss events
+SAMPLED = "collectives could not be matched by order (sub-sampled or truncated trace?)"
+
 
 def find_bubbles(blamer: Blamer, steps: pd.DataFrame, threshold_ns: int) -> list[Bubble]:
     """Every wait, idle gap or waiting comm op longer than the threshold on a main lane."""
@@ -64,6 +67,9 @@ def _lane_bubbles(blamer: Blamer, inside: np.ndarray, step: int, lo: int, hi: in
 
 def _bubble(blamer: Blamer, i: int, a: int, b: int, step: int, name: str, intervals) -> Bubble:
     graph = blamer.graph
+    confidence, evidence = blamer.walk.weakest
+    if graph.sampled and confidence > SAMPLED_CONFIDENCE:
+        confidence, evidence = SAMPLED_CONFIDENCE, SAMPLED
     return Bubble(rank=int(graph.rank[i]), lane=str(graph.lane[i]), start=int(a), end=int(b),
                   name=name, step=step, intervals=intervals, op=int(i),
-                  confidence=blamer.walk.weakest[0], evidence=blamer.walk.weakest[1])
+                  confidence=confidence, evidence=evidence)

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from parsers.base import TraceError
 from tracegraph.cli.common import cluster, friendly_errors, load_bundle, out, warn
 from tracegraph.cli.options import Bundle, CacheDir, Dask, Jobs, NoCache, RankMap
+
+if TYPE_CHECKING:
+    from tracegraph.analysis.analyze import Analysis
 
 
 @friendly_errors
@@ -38,6 +43,7 @@ def analyze_command(
             trace, threshold_ms=threshold_ms, executor=executor)
     summary = inventory(trace)
     if analysis is not None:
+        _check_step(bundle, analysis, step)
         summary |= summarize(analysis, step=step, top=top)
         summary["warnings"] = trace.warnings + analysis.warnings
     if as_json:
@@ -50,11 +56,19 @@ def analyze_command(
         print_analysis(out, summary, analysis)
 
 
+def _check_step(bundle: Path, analysis: Analysis, step: int | None) -> None:
+    """`--step N` names a step the bundle holds."""
+    steps = sorted({int(s) for s in analysis.steps["step"]})
+    if step is not None and step not in steps:
+        held = ", ".join(map(str, steps)) or "none (no ProfilerStep markers)"
+        raise TraceError(f"{bundle}: no step {step}; its steps: {held}")
+
+
 def _print_inventory(summary: dict[str, object]) -> None:
     from rich.table import Table
 
     ranks = Table(title=f"{len(summary['ranks'])} ranks in {summary['source']}")
-    for column in ("rank", "framework", "events", "lanes", "comm ops", "steps (ms)"):
+    for column in ("rank", "framework", "events", "lanes", "comm ops", "host steps (ms)"):
         ranks.add_column(column, overflow="fold")
     for r in summary["ranks"]:
         lanes = ", ".join(f"{n} {k}" for k, n in r["lanes"].items())

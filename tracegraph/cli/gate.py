@@ -258,7 +258,7 @@ def print_diff(console: Console, report: dict[str, object]) -> None:
            [(r["rank"], ms(r["before_ms"]), ms(r["after_ms"]), pct(r["change_pct"]))
             for r in report["ranks"]])
     for title, key, name in ((diff_bubble_title(report), "bubbles", "category"),
-                             ("critical path by op kind (ms per step)", "critical_path", "kind")):
+                             ("critical path by cause (ms per step)", "critical_path", "kind")):
         _table(console, title, (name, "before", "after", "change"),
                [(r[name], ms(r["before_ms"]), ms(r["after_ms"]), ms(r["change_ms"]))
                 for r in report[key]])

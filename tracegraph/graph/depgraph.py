@@ -86,6 +86,7 @@ class DepGraph:
         self.lane_first = np.searchsorted(self.lane_id, np.arange(lanes + 1))
         self.dep_confidence = np.ones(len(frame), dtype=np.float32)  # of each op's dep edge
         self.dep_reason = np.full(len(frame), "", dtype=object)
+        self.sampled = False  # collectives refused order matching: events may be missing
         self._comm_ends = _ends_by_rank(frame, self.end, _COMM)
         self._device_ends = _ends_by_rank(frame, self.end, _DEVICE_WORK)
 
@@ -232,6 +233,7 @@ def build_graph(ops: Ops, matches: Matches, start: np.ndarray, end: np.ndarray,
                      dep=dep, how=how, launcher=launcher, queued=queued, gates=matches.gates,
                      launch=aligned_launch, unprofiled=unprofiled, unmatched=unmatched,
                      warnings=list(matches.warnings))
+    graph.sampled = bool(len(matches.instances)) and not matches.instances["safe"].all()
     graph._static = _static_edges(graph)
     deps = graph._static[graph._static["kind"].isin(["event_wait", "p2p", "collective"])]
     graph.dep_confidence[deps["dst"].to_numpy()] = deps["confidence"].to_numpy()
