@@ -102,10 +102,12 @@ def chain_text(bubble: dict[str, object]) -> str:
 
 
 def merged_intervals(intervals: list[dict]) -> list[dict]:
-    """Consecutive intervals on the same rank and lane as one line: its time by category in the
-    note, the longest op's name (+ how many more); the JSON keeps every interval."""
+    """Consecutive intervals on the same rank and lane (waiting on the same group's absent
+    members, if any) as one line: its time by category in the note, the longest op's name (+ how
+    many more); the JSON keeps every interval."""
     merged = []
-    for _, run in groupby(intervals, key=lambda p: (p["rank"], p["lane"])):
+    for _, run in groupby(intervals, key=lambda p: (p["rank"], p["lane"],
+                                                     p.get("absent_group", ""))):
         run = list(run)
         by_category: dict[str, float] = {}
         for piece in run:

@@ -67,3 +67,15 @@ def test_each_chain_says_how_sure_it_is(cache_dir: Path) -> None:
     chain_line = chain_text(top).splitlines()[1]
     assert chain_line.endswith(f"(confidence low: {top['confidence']['weakest_link']})")
     assert "inferred by time" in chain_line
+
+
+def test_two_groups_with_absent_members_stay_two_lines(cache_dir: Path) -> None:
+    """The seed sample's rank 12288 waits on its 128-rank HSDP group, then its 32-rank one:
+    the folded chain keeps a line for each group to profile."""
+    bundle = SAMPLES / "simulated" / "hsdp-straggler-sync-ascend.tar.gz"
+    summary = summarize(analyze(tracegraph.load(bundle, cache_dir=cache_dir)), top=0)
+    wait = max((b for b in summary["bubbles"] if b["rank"] == 12288), key=lambda b: b["dur_ms"])
+    lines = [p for p in merged_intervals(wait["intervals"]) if p.get("absent_group")]
+    assert len({p["absent_group"] for p in lines}) == 2 == len(lines)
+    text = chain_text(wait)
+    assert "the 127 members of group" in text and "the 31 members of group" in text

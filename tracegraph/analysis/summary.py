@@ -78,7 +78,8 @@ def _root(piece: Interval, members: dict[str, tuple[int, ...]], present: set[int
 def _interval(piece: Interval, origin: int) -> dict[str, object]:
     return {"start_ms": _ms(piece.start, origin), "end_ms": _ms(piece.end, origin),
             "dur_ms": _ms(piece.dur), "category": piece.category, "rank": piece.rank,
-            "lane": piece.lane, "name": piece.name, "note": piece.note}
+            "lane": piece.lane, "name": piece.name, "note": piece.note,
+            **({"absent_group": piece.unprofiled_group} if piece.unprofiled_group else {})}
 
 
 def _path(path: list[PathSegment], origin: int) -> dict[str, object]:
