@@ -35,7 +35,7 @@ class Interval:
     lane: str
     name: str
     note: str = ""
-    unprofiled_group: str = ""  # the group whose unprofiled members hold the straggler
+    unprofiled_group: str = ""  # a group with members absent from the bundle it waits on
     op: int = -1  # the op (node of the DepGraph) the piece is charged to
 
     @property
