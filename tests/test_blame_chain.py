@@ -28,12 +28,6 @@ def builder() -> TraceBuilder:
     return b
 
 
-def op(rank: int, stream: int, name: str, kind: str, start_ms: float, end_ms: float,
-       **extra: object) -> dict[str, object]:
-    """One event row on a stream, in ms from BASE (for tests that build their rows by hand)."""
-    return builder().stream(rank, stream).row(kind, start_ms, end_ms, name, **extra)
-
-
 def mini_seed_trace(offset_ms: float = 0.0) -> Trace:
     """The miniature of the module docstring; rank 1's clock `offset_ms` ahead."""
     b = builder()

@@ -21,18 +21,16 @@ import shutil
 import tempfile
 from pathlib import Path
 
-import pandas as pd
 import pytest
 import xmlschema
 from typer.testing import CliRunner
 
-from parsers.base import GroupInfo, TraceError
+from parsers.base import TraceError
 from tests.conftest import REAL, REPO
-from tests.test_blame_chain import BSR, P2P, builder, mini_seed_trace, op
+from tests.test_blame_chain import BSR, P2P, builder, mini_seed_trace
 from tracegraph import causes, schema
 from tracegraph.analysis.analyze import Analysis, analyze
 from tracegraph.cli.app import app
-from tracegraph.loading.groups import groups_frame
 from tracegraph.loading.loader import load
 from tracegraph.loading.trace import Trace
 from tracegraph.verify.checks import (
@@ -55,29 +53,29 @@ SEED = "hsdp-async-reduction"
 # --- inputs ------------------------------------------------------------------------------------
 def mini_async_trace() -> Trace:
     """The miniature after the fix: BWD_SEND first, the reduction on stream 52 under compute."""
-    p2p = {"comm": "batch_send_recv", "group": "g01", "seq": 0}
-    rows = [
-        op(0, 47, "ProfilerStep#1", schema.MARKER, 0, 121.5),
-        op(0, 47, "MatMul", schema.COMPUTE, 0, 10),
-        op(0, 47, "EVENT_WAIT", schema.WAIT, 10, 40.501),
-        op(0, 47, "MatMul", schema.COMPUTE, 40.502, 121.5),
-        op(0, 50, "hcom_batchSendRecv__g01_0_1", schema.P2P, 10, 40.5, peer=1, **p2p),
-        op(0, 50, "EVENT_RECORD", schema.RECORD, 40.5005, 40.5005),
-        op(1, 47, "ProfilerStep#1", schema.MARKER, 0, 141),
-        op(1, 47, "MatMulGrad", schema.COMPUTE, 0, 40),
-        op(1, 47, "EVENT_RECORD", schema.RECORD, 40.0, 40.0),
-        op(1, 47, "MatMul", schema.COMPUTE, 40.1, 120),
-        op(1, 47, "EVENT_WAIT", schema.WAIT, 120, 130),
-        op(1, 47, "MatMul", schema.COMPUTE, 130.001, 141),
-        op(1, 52, "EVENT_WAIT", schema.WAIT, 0, 40.0005),
-        op(1, 52, "hcom_allReduce__dp1_0_1", schema.COLLECTIVE, 40.001, 129.9, comm="allreduce",
-           group="dp1", seq=0),
-        op(1, 52, "EVENT_RECORD", schema.RECORD, 129.9985, 129.9985),
-        op(1, 50, "EVENT_WAIT", schema.WAIT, 0, 40.0008),
-        op(1, 50, "hcom_batchSendRecv__g01_0_1", schema.P2P, 40.01, 40.5, peer=0, **p2p),
-    ]
-    return trace_of(rows, [GroupInfo("g01", "pp-0-1", "pp", (0, 1)),
-                           GroupInfo("dp1", "hsdp-32", "dp", (1, *range(100, 131)))])
+    b = builder()
+    b.group("dp1", (1, *range(100, 131)), dim="dp", name="hsdp-32")
+    r0_47, r0_50 = b.stream(0, 47), b.stream(0, 50)
+    r0_47.step(1, 0, 121.5)
+    r0_47.compute(0, 10)
+    r0_47.wait(10, 40.501)
+    r0_47.compute(40.502, 121.5)
+    r0_50.batch_send_recv(10, 40.5, peer=1, name=BSR, **P2P)
+    r0_50.record(40.5005)
+    r1_47, r1_50, r1_52 = b.stream(1, 47), b.stream(1, 50), b.stream(1, 52)
+    r1_47.step(1, 0, 141)
+    r1_47.compute(0, 40, "MatMulGrad")
+    r1_47.record(40.0)
+    r1_47.compute(40.1, 120)
+    r1_47.wait(120, 130)
+    r1_47.compute(130.001, 141)
+    r1_52.wait(0, 40.0005)
+    r1_52.collective(40.001, 129.9, "allreduce", group="dp1", seq=0,
+                     name="hcom_allReduce__dp1_0_1")
+    r1_52.record(129.9985)
+    r1_50.wait(0, 40.0008)
+    r1_50.batch_send_recv(40.01, 40.5, peer=0, name=BSR, **P2P)
+    return b.trace("mini")
 
 
 def mini_pp_trace() -> Trace:
@@ -100,16 +98,6 @@ def mini_pp_trace() -> Trace:
     r1_50.wait(0, 50.0005)
     r1_50.batch_send_recv(50.01, 59.9, peer=0, name=BSR, **P2P)
     return b.trace("mini-pp")
-
-
-def trace_of(rows: list[dict], infos: list[GroupInfo]) -> Trace:
-    frame = pd.DataFrame(rows)
-    for column, default in (schema.STRING_DEFAULTS | schema.INT_DEFAULTS).items():
-        frame[column] = frame[column].fillna(default) if column in frame else default
-    events = schema.events_table({c: frame[c].tolist() for c in schema.EVENTS.names}, len(frame))
-    groups, _ = groups_frame(infos, events)
-    return Trace(Path("mini"), events.to_pandas(), groups,
-                 pd.DataFrame({"rank": sorted(frame["rank"].unique())}))
 
 
 SIM = {"sync": "hsdp-straggler-sync", "async": "hsdp-straggler-async"}
