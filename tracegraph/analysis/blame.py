@@ -17,6 +17,7 @@ import pandas as pd
 from tracegraph import causes, schema
 from tracegraph.analysis import walk
 from tracegraph.analysis.walk import BindingWalk, Piece
+from tracegraph.graph.ops import comm_calls
 
 UNMATCHED = "its peers' matching op was not found: the member that arrived last is unknown"
 ROOT_SHARE = 0.01  # an interval shorter than this share of its bubble is never its root
@@ -117,8 +118,7 @@ class Blamer:
             else causes.PEER_COMPUTE
         """what waiting on compute that no straggler did is: a pipeline's dependency, or, in a
         job without one, a peer's normal variation"""
-        self.comm_call = (graph.kind == schema.HOST) & (graph.ops.frame["comm"].to_numpy() != "")
-        """host ops that are communication calls: time in them is the communication's"""
+        self.comm_call = comm_calls(graph.ops.frame)
 
     def blocked(self, i: int, a: int, b: int) -> list[Interval]:
         """Explain [a, b] inside blocking op `i` (a wait, a P2P half, a collective member)."""

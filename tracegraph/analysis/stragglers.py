@@ -7,7 +7,7 @@ import pandas as pd
 
 from tracegraph import schema
 from tracegraph.analysis.walk import BindingWalk
-from tracegraph.graph.ops import Ops
+from tracegraph.graph.ops import Ops, comm_calls
 
 SLOW_RANK_FACTOR = 1.15  # compute busier than this × the median of the other ranks = straggler
 SLOW_RANK_SHARE = 0.05  # ... and by at least this share of the profiled time
@@ -50,9 +50,8 @@ def _outliers(values: np.ndarray) -> np.ndarray:
 def own_work(frame: pd.DataFrame) -> np.ndarray:
     """Mask of the ops that are a rank's own work: compute, annotation stretches, host ops
     other than communication calls (a blocking `c10d::recv_` is waiting, not work)."""
-    kind = frame["kind"].to_numpy()
-    host_call = (kind == schema.HOST) & (frame["comm"].to_numpy() != "")
-    return np.isin(kind, [schema.COMPUTE, schema.HOST, schema.MARKER]) & ~host_call
+    return frame["kind"].isin([schema.COMPUTE, schema.HOST, schema.MARKER]).to_numpy(
+        ) & ~comm_calls(frame)
 
 
 def slow_ops(ops: Ops, slow: set[int], profiled_ns: int) -> np.ndarray:

@@ -86,14 +86,7 @@ class BindingWalk:
     def history(self, j: int, a: int, b: int) -> list[Piece]:
         """Explain all of [a, b], up to the end of op j: j's own execution, then what held its
         lane (and, through its binding dependencies, other lanes and ranks) before it."""
-        out: list[Piece] = []
-        self.weakest = (1.0, "")
-        lo = max(a, self.start[j])
-        if lo < b:
-            self._op(j, lo, b, 0, out)
-        if lo > a:
-            self._before(j, a, lo, 0, out)
-        return sorted(out, key=lambda p: p.start)
+        return self._collect(self._history, j, a, b)
 
     def released_by(self, i: int) -> int:
         """For a host-thread stretch with no op (a marker-only segment): the comm op on another
@@ -123,6 +116,13 @@ class BindingWalk:
         return sorted(out, key=lambda p: p.start)
 
     # --- the walk ----------------------------------------------------------------------------
+    def _history(self, j: int, a: int, b: int, depth: int, out: list[Piece]) -> None:
+        lo = max(a, self.start[j])
+        if lo < b:
+            self._op(j, lo, b, depth, out)
+        if lo > a:
+            self._before(j, a, lo, depth, out)
+
     def _blocked(self, i: int, a: int, b: int, depth: int, out: list[Piece]) -> None:
         if b <= a:
             return

@@ -58,7 +58,6 @@ class DepGraph:
     ops: Ops
     start: np.ndarray  # aligned ns, per op
     end: np.ndarray
-    prev: np.ndarray  # stream predecessor in device order (skips host-side waits), -1
     dep: np.ndarray  # the cross dependency each op waited for (edge kinds event_wait/p2p/...), -1
     how: np.ndarray  # how dep was matched: "event_id", "timing", "p2p", "collective", ""
     launcher: np.ndarray  # launch edge source per op, -1
@@ -82,6 +81,7 @@ class DepGraph:
         self.lane_id = frame["lane_id"].to_numpy()
         self.mode = self.ops.lanes["mode"].to_numpy()[self.lane_id]
         self.host_side = host_side_waits(frame)
+        self.prev = _device_prev(self.ops.lane_prev(), self.host_side)  # -1: a lane's first
         lanes = self.lane_id.max() + 1 if len(frame) else 0
         self.lane_first = np.searchsorted(self.lane_id, np.arange(lanes + 1))
         self.dep_confidence = np.ones(len(frame), dtype=np.float32)  # of each op's dep edge
@@ -219,7 +219,6 @@ def build_graph(ops: Ops, matches: Matches, start: np.ndarray, end: np.ndarray,
     n = len(frame)
     present = set(np.unique(frame["rank"].to_numpy()).tolist())
     unprofiled, unmatched = _missing_peers(frame, matches, groups, present)
-    prev = _device_prev(ops.lane_prev(), host_side_waits(frame))
     dep, how = matches.dep.copy(), matches.how.copy()
     queued = np.full(n, -1, dtype=np.int64)
     if matches.queued:
@@ -229,9 +228,9 @@ def build_graph(ops: Ops, matches: Matches, start: np.ndarray, end: np.ndarray,
     _direct_instances(dep, how, start, matches.instances)
     launch = frame["launch"].to_numpy() if "launch" in frame else np.full(n, -1)
     aligned_launch = np.where(launch >= 0, launch - (frame["start"].to_numpy() - start), -1)
-    graph = DepGraph(ops=ops, start=start, end=end, prev=prev,
-                     dep=dep, how=how, launcher=launcher, queued=queued, gates=matches.gates,
-                     launch=aligned_launch, unprofiled=unprofiled, unmatched=unmatched,
+    graph = DepGraph(ops=ops, start=start, end=end, dep=dep, how=how, launcher=launcher,
+                     queued=queued, gates=matches.gates, launch=aligned_launch,
+                     unprofiled=unprofiled, unmatched=unmatched,
                      warnings=list(matches.warnings))
     graph.sampled = bool(len(matches.instances)) and not matches.instances["safe"].all()
     graph._static = _static_edges(graph)

@@ -106,6 +106,12 @@ def restore_strings(column: pd.Series, dtype: object) -> pd.Series:
                      name=column.name)
 
 
+def comm_calls(frame: pd.DataFrame) -> np.ndarray:
+    """Mask of the host ops that are communication calls (a blocking `c10d::recv_`): time in
+    them is the communication's, not the rank's own work."""
+    return (frame["kind"].to_numpy() == schema.HOST) & (frame["comm"].to_numpy() != "")
+
+
 def startswith(column: pd.Series, prefix: str) -> np.ndarray:
     """Mask of the values of `column` that start with `prefix`, testing each distinct value once."""
     codes, uniques = pd.factorize(column)
