@@ -22,6 +22,7 @@ import pandas as pd
 
 from parsers import ascend_layout
 from parsers.ascend_comm import load_side, resolve_rank
+from parsers.ascend_csv import kernel_frame
 from parsers.ascend_layout import recognizes as recognizes  # the format's test, re-exported
 from parsers.ascend_rows import (
     GROUP_THREAD,
@@ -35,6 +36,7 @@ from parsers.ascend_rows import (
     concat,
     device_kinds,
     device_lane,
+    device_step_marks,
     dur_ns,
     groups,
     hccl_names,
@@ -44,6 +46,7 @@ from parsers.ascend_rows import (
     notify_ids,
     op_bytes,
     op_group,
+    op_streams,
     set_peers,
     table,
     texts,
@@ -115,7 +118,8 @@ _BOUNDARY = re.compile(rb"\}\s*,\s*\{")
 
 
 def parse(files: RankFiles, read: Reader) -> ParsedRank:
-    """One rank's Ascend profile as normalized events, groups and rank metadata."""
+    """One rank's Ascend profile as normalized events, groups and rank metadata: from its trace,
+    else from its kernel table, plus communication.json's ops where neither has HCCL op rows."""
     warnings: list[str] = []
     side = load_side(files, read, warnings)
     rank = resolve_rank(files, side.info, warnings)
@@ -125,11 +129,18 @@ def parse(files: RankFiles, read: Reader) -> ParsedRank:
     events = [e for role in roles
               for e in decode_trace(files.files[role], read(files.files[role]), warnings)]
     frame, device_pid = _trace_frame(events, ctx) if roles else (concat([]), None)
+    if not roles and "kernels" in files.files:
+        frame = concat([kernel_frame(files.files["kernels"], read, ctx)])
     if side.ops and not frame["kind"].isin([COLLECTIVE, P2P]).any():
-        why = f"{ctx.where}: no HCCL op rows" if roles else f"{files.root}: no trace, no timeline"
-        warnings.append(f"{why}: events are communication.json's ops only")
+        if roles:
+            warnings.append(f"{ctx.where}: no HCCL op rows: communication ops from "
+                            "communication.json")
+        elif "kernels" not in files.files:
+            warnings.append(f"{files.root}: no trace, no timeline: events are "
+                            "communication.json's ops only")
         ctx.where = files.files["communication"]
         frame = concat([frame, comm_only_frame(ctx)])
+    frame = concat([frame, device_step_marks(frame)])
     return ParsedRank(rank=rank, events=table(frame, rank), groups=groups(side, frame),
                       meta=meta(files, side, _pid_device(device_pid)), warnings=warnings)
 
@@ -342,9 +353,7 @@ def _op_frame(events: list[_Event], device: pd.DataFrame, ctx: Context) -> pd.Da
     frame["correlation"] = int64s(_args(events, "connection_id"))
     frame["dtype"] = texts(_args(events, "data_type"))
     frame["bytes"] = op_bytes(int64s(_args(events, "count")), frame["dtype"])
-    tasks = device[device["kind"] == COMM_TASK].drop_duplicates("correlation")
-    stream = frame["correlation"].map(tasks.set_index("correlation")["stream"])
-    frame["stream"] = stream.fillna(NO_INT).astype(np.int64)
+    op_streams(frame, device)
     frame["step"] = ctx.steps.device(frame["start_ns"].to_numpy(), frame["correlation"].to_numpy())
     parsed = hccl_names(frame)
     threads = [ctx.threads.get((p, t), "") for p, t in zip(frame["pid"], frame["tid"], strict=True)]

@@ -126,19 +126,40 @@ def load_side(files: RankFiles, read: Reader, warnings: list[str]) -> Side:
     return side
 
 
-def resolve_rank(files: RankFiles, info: dict[str, Any], warnings: list[str]) -> int:
-    """The rank: discovery's hint, else `rank_id` of profiler_info (int or string, -1 = none)."""
+def resolve_rank(files: RankFiles, info: dict[str, Any], warnings: list[str],
+                 source: str = "profiler_info") -> int:
+    """The rank: discovery's hint (a file name, --rank-map), else the `rank_id` that `source`
+    states (int or string, -1 = none); a file handed over on its own that states none is rank 0,
+    with a warning."""
     stated = _int_or_none(info.get("rank_id"))
     stated = None if stated is not None and stated < 0 else stated
     if files.rank is not None:
         if stated is not None and stated != files.rank:
-            warnings.append(f"{files.root}: rank_id {stated} in profiler_info differs from the "
+            warnings.append(f"{files.root}: rank_id {stated} in {source} differs from the "
                             f"rank {files.rank} of its file name; using {files.rank}")
         return files.rank
+    if stated is None and files.root in files.files.values():
+        warnings.append(f"{files.root}: no rank stated (no profiler_info, no rank in its name); "
+                        "taken as rank 0 (--rank-map sets it)")
+        return 0
     if stated is None:
         raise TraceError(f"{files.files.get('info', files.root)}: no rank id "
                          "(no profiler_info_{rank}.json name and no valid rank_id)")
     return stated
+
+
+def stated_metadata(side: Side, values: dict[str, str], where: str, warnings: list[str]) -> None:
+    """`parallel_group_info` / `distributed_args` that a database's META_DATA states (as JSON
+    text), where no profiler_metadata.json stated them."""
+    keys = ("parallel_group_info", "distributed_args")
+    found = {k: values[k] for k in keys if k in values}
+    if not found or side.metadata.parallel_group_info:
+        return
+    doc = "{" + ",".join(f'"{k}":{v}' for k, v in found.items()) + "}"
+    try:
+        side.metadata = msgspec.json.decode(doc, type=_Metadata)
+    except msgspec.DecodeError as err:
+        warnings.append(f"{where}: META_DATA {', '.join(found)} unreadable ({err}); ignored")
 
 
 def _load(member: str, read: Reader, kind: Any, warnings: list[str]) -> Any:

@@ -299,6 +299,13 @@ def op_group(ctx: Context, name: str, parsed: HcclName | None, step: int, thread
     return next((c for c in candidates if len(c) > 3 and c.endswith(tail)), "")
 
 
+def op_streams(ops: pd.DataFrame, device: pd.DataFrame) -> None:
+    """Each HCCL op's device stream: that of its device subtasks (same connection id)."""
+    tasks = device[device["kind"] == COMM_TASK].drop_duplicates("correlation")
+    stream = ops["correlation"].map(tasks.set_index("correlation")["stream"])
+    ops["stream"] = stream.fillna(NO_INT).astype(np.int64)
+
+
 def attach_device_tasks(device: pd.DataFrame, ops: pd.DataFrame) -> None:
     """Device subtasks of an HCCL op (same connection id) take its group and instance number."""
     owner = ops.drop_duplicates("correlation").set_index("correlation")
