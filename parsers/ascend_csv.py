@@ -18,6 +18,7 @@ import pandas as pd
 from parsers.ascend_rows import (
     Context,
     comm_lane,
+    concat,
     device_kinds,
     device_lane,
     dur_ns,
@@ -58,7 +59,7 @@ def kernel_frame(member: str, read: Reader, ctx: Context) -> pd.DataFrame:
     ctx.warnings.append(f"{member}: " + WAITS_LOST.format(table=member.rsplit("/", 1)[-1]))
     if ctx.side.ops or not comm.any():
         return device
-    return pd.concat([device, _comm_rows(table[comm], member, ctx)], ignore_index=True)
+    return concat([device, _comm_rows(table[comm], member, ctx)])
 
 
 def _is_hccl(name: str) -> bool:

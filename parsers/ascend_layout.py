@@ -78,10 +78,11 @@ def wants_db(name: str) -> bool:
 
 
 def sniff_db(name: str, head: bytes) -> Sniff:
-    """Whether a database is an Ascend profiler's (its name, or an SQLite file whose schema,
-    on its first page, has a TASK table), and the rank its name states."""
+    """Whether a database is an Ascend profiler's (its name, even if damaged: the parser says
+    what is wrong; or an SQLite file whose schema, on its first page, has a TASK table), and the
+    rank its name states."""
     named = DB_NAME.search(name)
-    profile = head.startswith(_SQLITE) and bool(named or b"CREATE TABLE TASK" in head)
+    profile = bool(named) or (head.startswith(_SQLITE) and b"CREATE TABLE TASK" in head)
     rank = named.group(1) if named else None
     return Sniff(profile, int(rank) if rank else name_rank(name))
 
