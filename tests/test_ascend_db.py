@@ -35,8 +35,10 @@ from parsers.base import TraceError
 from parsers.bundle import open_bundle
 from parsers.classify import double_hash
 from tests.conftest import REAL
+from tests.test_simulate_writers import hand_timeline
 from tracegraph import schema
 from tracegraph.analysis.analyze import Analysis, analyze
+from tracegraph.simulate.bundle_writer import write_bundle
 
 DB_BUNDLE = REAL / "ascend" / "torch_npu_ddp8_db_level1"
 COMM_NAME = "90.91.105.46%enp189s0f0_60000_0_1736410538306028"
@@ -225,6 +227,50 @@ def test_clock_offset_between_the_two_ranks(ddp8_db: Analysis):
     for ops in ddp8_db.matches.instances["ops"]:
         ends = [frame.at[i, "end"] - ddp8_db.offsets[int(frame.at[i, "rank"])] for i in ops]
         assert max(ends) - min(ends) < 10_000  # aligned: the all-reduce ends together
+
+
+# --- the same job as text and as a database ----------------------------------------------------
+
+
+def test_the_database_and_the_text_export_give_the_same_events(tmp_path):
+    """The simulator's hand-built job (tests/test_simulate_writers.py) written both ways: every
+    device, HCCL op and small-task row is the same; host calls too, but for the framework layer,
+    which msprof's schema has no table for (the steps come from STEP_TIME instead)."""
+    timeline = hand_timeline()
+    text, db = (tracegraph.load(write_bundle(timeline, tmp_path / layout, "ascend", layout),
+                                use_cache=False).events for layout in ("text", "db"))
+    columns = ["rank", "lane", "lane_kind", "stream", "name", "kind", "comm", "start_ns",
+               "dur_ns", "group", "peer", "seq", "bytes", "correlation", "notify_id",
+               "src_rank", "dst_rank", "step"]
+
+    def rows(events: pd.DataFrame, host: bool) -> pd.DataFrame:
+        mask = (events["lane_kind"] == schema.THREAD) == host
+        if host:
+            mask &= events["correlation"] >= 0  # CANN calls (framework rows carry no id)
+        return events.loc[mask, columns].sort_values(columns, ignore_index=True)
+
+    for host in (False, True):
+        assert len(rows(db, host)) > 20
+        pd.testing.assert_frame_equal(rows(db, host), rows(text, host), check_dtype=False)
+    steps = [e[e["name"].str.startswith("ProfilerStep#")][["rank", "start_ns", "dur_ns"]]
+             .sort_values("rank", ignore_index=True) for e in (db, text)]
+    pd.testing.assert_frame_equal(*steps)
+
+
+def test_simulate_writes_the_db_layout_from_the_command_line(tmp_path):
+    out = tmp_path / "pp.tar.gz"
+    run = subprocess.run([sys.executable, "-m", "tracegraph", "simulate", "pp-compute-straggler",
+                          "-o", str(out), "--layout", "db", "--steps", "1"],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    with tarfile.open(out) as archive:
+        names = archive.getnames()
+    assert sum(n.endswith(".db") for n in names) == 4
+    assert not any(n.endswith(("trace_view.json", "communication.json")) for n in names)
+    bad = subprocess.run([sys.executable, "-m", "tracegraph", "simulate", "pp-compute-straggler",
+                          "-o", str(out), "--layout", "db", "--format", "kineto"],
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "--layout db" in bad.stderr
 
 
 # --- where the database lies: archives, read-only, never written beside -------------------------
