@@ -273,6 +273,26 @@ def test_simulate_writes_the_db_layout_from_the_command_line(tmp_path):
     assert bad.returncode == 2 and "--layout db" in bad.stderr
 
 
+def test_mindspore_and_raw_msprof_database_layouts(tmp_path):
+    """MindSpore names rank 0's database `ascend_mindspore_profiler.db` (its writer drops a rank
+    id of 0: `profiler_path_manager.move_db_file`); raw msprof writes `PROF_*/msprof_{time}.db`
+    with the rank in `device_*/info.json.*`."""
+    with tarfile.open(write_bundle(hand_timeline(), tmp_path / "ms", "ascend", "db")) as archive:
+        archive.extractall(tmp_path / "ms", filter="data")
+    rank0 = next((tmp_path / "ms").rglob("ascend_mindspore_profiler_0.db"))
+    rank0.rename(rank0.with_name("ascend_mindspore_profiler.db"))
+    trace = tracegraph.load(tmp_path / "ms", use_cache=False)
+    assert trace.rank_ids == [0, 1, 2, 3] and set(trace.ranks["framework"]) == {"mindspore"}
+    prof = tmp_path / "raw" / "PROF_000001_20250109081536123_ABCDEFGHIJ"
+    (prof / "device_1").mkdir(parents=True)
+    (prof / "device_1" / "info.json.1").write_text('{"rank_id": 1, "devices": "1"}')
+    shutil.copy(db_path(1), prof / "msprof_20250109081536.db")
+    raw_trace = tracegraph.load(tmp_path / "raw", use_cache=False)
+    assert raw_trace.rank_ids == [1]
+    assert raw_trace.ranks[["format", "framework"]].values.tolist() == [["ascend_db", "msprof"]]
+    assert len(raw_trace.events) == len(events(1))
+
+
 # --- where the database lies: archives, read-only, never written beside -------------------------
 
 
