@@ -35,6 +35,11 @@ from parsers.base import TraceError
 from parsers.bundle import open_bundle
 from parsers.classify import double_hash
 from tests.conftest import REAL
+from tests.test_analysis_real import (
+    assert_clocks_aligned,
+    assert_released_by_allreduces,
+    long_waits,
+)
 from tests.test_simulate_writers import hand_timeline
 from tracegraph import schema
 from tracegraph.analysis.analyze import Analysis, analyze
@@ -203,30 +208,15 @@ def ddp8_db() -> Analysis:
 
 
 def test_each_long_event_wait_is_matched_to_its_allreduce(ddp8_db: Analysis):
-    frame, matches = ddp8_db.ops.frame, ddp8_db.matches
-    prev = ddp8_db.ops.lane_prev()
-    waits = frame[(frame["kind"] == schema.WAIT) & (frame["end"] - frame["start"] > 1e6)]
+    waits = long_waits(ddp8_db)
     assert sorted(np.round((waits["end"] - waits["start"]) / 1e6, 1)) == [
         2.0, 2.0, 2.1, 2.1, 8.4, 8.4, 66.7, 71.7]
-    for i, row in waits.iterrows():
-        record = matches.dep[i]
-        assert matches.how[i] == "timing" and frame.at[record, "kind"] == schema.RECORD
-        assert frame.at[record, "stream"] != row["stream"]
-        producer = prev[record]
-        while frame.at[producer, "kind"] == schema.RECORD:  # back-to-back records: equivalent
-            producer = prev[producer]
-        assert frame.at[producer, "name"].startswith("hcom_allReduce__210_")
-        assert 0 <= row["end"] - frame.at[producer, "end"] < 5_000
+    assert_released_by_allreduces(ddp8_db, "hcom_allReduce__210_")
 
 
 def test_clock_offset_between_the_two_ranks(ddp8_db: Analysis):
-    offset = ddp8_db.offsets[1] - ddp8_db.offsets[0]
-    assert 1_000 < abs(offset) < 80_000
-    frame = ddp8_db.ops.frame
     assert len(ddp8_db.matches.instances) == 4
-    for ops in ddp8_db.matches.instances["ops"]:
-        ends = [frame.at[i, "end"] - ddp8_db.offsets[int(frame.at[i, "rank"])] for i in ops]
-        assert max(ends) - min(ends) < 10_000  # aligned: the all-reduce ends together
+    assert_clocks_aligned(ddp8_db)
 
 
 # --- the same job as text and as a database ----------------------------------------------------
