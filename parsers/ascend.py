@@ -142,7 +142,8 @@ def parse(files: RankFiles, read: Reader) -> ParsedRank:
         frame = concat([frame, comm_only_frame(ctx)])
     frame = concat([frame, device_step_marks(frame)])
     return ParsedRank(rank=rank, events=table(frame, rank), groups=groups(side, frame),
-                      meta=meta(files, side, _pid_device(device_pid)), warnings=warnings)
+                      meta=meta(files, side, _pid_device(device_pid), layers=ctx.layers),
+                      warnings=warnings)
 
 
 def _pid_device(pid: int | None) -> int | None:
@@ -245,6 +246,7 @@ def _split_layers(events: list[_Event],
                 names[e.pid] = str(e.args.name)
             else:
                 ctx.threads[(e.pid, e.tid)] = str(e.args.name)
+    ctx.layers = set(names.values())
     layers: dict[str, list[_Event]] = defaultdict(list)
     unknown, guessed, device_pid = set(), [], None
     for pid, evs in by_pid.items():

@@ -179,6 +179,7 @@ def _connected(path: Path, where: str, immutable: bool) -> Iterator[Database]:
     except sqlite3.Error as err:
         raise TraceError(f"{where}: cannot open ({_sqlite_problem(err)})") from None
     with closing(conn):
+        conn.execute("PRAGMA trusted_schema = OFF")  # a hostile schema runs no function
         db = Database(conn, where, {})
         db.tables = _tables(db)
         _check_schema(db)
@@ -493,11 +494,16 @@ def memory_table(member: str, read: Reader, name: str) -> pd.DataFrame:
             return pd.DataFrame()
         columns = sorted(db.tables[name])
         usable = {c: t for c, t in ids.items() if c in columns and t in _all_tables(db)}
-        picked = ", ".join(f"COALESCE(j{i}.{_label(usable[c])}, x.{c}) AS {c}"
-                           if c in usable else f"x.{c}" for i, c in enumerate(columns))
+        picked = ", ".join(f"COALESCE(j{i}.{_label(usable[c])}, x.{_quoted(c)}) AS {_quoted(c)}"
+                           if c in usable else f"x.{_quoted(c)}" for i, c in enumerate(columns))
         joins = "".join(f" LEFT JOIN {usable[c]} j{i} ON j{i}.id = x.{c}"
                         for i, c in enumerate(columns) if c in usable)
         return db.query(f"SELECT {picked} FROM {name} x{joins}")
+
+
+def _quoted(column: str) -> str:
+    """A column name (the database's own: untrusted) as an SQL identifier."""
+    return '"' + column.replace('"', '""') + '"'
 
 
 def _all_tables(db: Database) -> set[str]:

@@ -9,6 +9,7 @@ metadata.
 
 from __future__ import annotations
 
+import posixpath
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -271,6 +272,7 @@ class Context:
     warnings: list[str]
     steps: Steps | None = None
     threads: dict[tuple[object, object], str] = field(default_factory=dict)
+    layers: set[str] = field(default_factory=set)  # the trace's process (layer) names
     members: dict[str, GroupInfo] = field(init=False)
     by_step: dict[tuple[int, str], str] = field(init=False)
     by_name: dict[str, set[str]] = field(init=False)
@@ -421,13 +423,15 @@ def _local_ranks(frame: pd.DataFrame, side: Side) -> dict[str, set[int]]:
 
 
 def meta(files: RankFiles, side: Side, device: int | None,
-         versions: dict[str, str] | None = None) -> dict[str, object]:
-    """RANKS columns (and the per-op time breakdown of communication.json under "comm_times")."""
+         versions: dict[str, str] | None = None,
+         layers: set[str] | frozenset[str] = frozenset()) -> dict[str, object]:
+    """RANKS columns (and the per-op time breakdown of communication.json under "comm_times");
+    `layers`: the trace's layer names, telling the framework of a trace handed over alone."""
     stated = {k.removesuffix("_version"): v for k, v in side.info.items()
               if k.endswith("_version") and v} | (versions or {})
     device = side.device if side.device is not None else device
     found: dict[str, object] = {
-        "framework": framework(files, side), "format": "ascend",
+        "framework": framework(files, side, layers), "format": "ascend",
         "version": ";".join(f"{k}={v}" for k, v in stated.items()),
         "device": f"npu:{device}" if device is not None else "", "backend": "hccl",
         "clock_base_ns": 0, "comm_times": [op.times() for op in side.ops],
@@ -437,8 +441,10 @@ def meta(files: RankFiles, side: Side, device: int | None,
     return found
 
 
-def framework(files: RankFiles, side: Side) -> str:
-    """torch_npu, mindspore or msprof, from the folder's name, its files and profiler_info."""
+def framework(files: RankFiles, side: Side, layers: set[str] | frozenset[str] = frozenset()
+              ) -> str:
+    """torch_npu, mindspore or msprof, from the folder's name, its files and profiler_info, else
+    from the trace's framework layer (torch_npu's `Python`, MindSpore's `MindSpore`)."""
     root = files.root.rstrip("/").rsplit("/", 1)[-1]
     members = files.files.values()
     if root.endswith("_ascend_pt") or "torch_npu_version" in side.info or any(
@@ -447,7 +453,8 @@ def framework(files: RankFiles, side: Side) -> str:
     if root.endswith("_ascend_ms") or any(k.startswith(("ms_", "mindspore")) for k in side.info) \
             or any("ascend_mindspore_profiler" in m for m in members):
         return "mindspore"
-    if root.startswith("PROF_") or any("mindstudio_profiler_output" in m or "/msprof_" in m
+    if root.startswith("PROF_") or any("mindstudio_profiler_output" in m or
+                                       posixpath.basename(m).startswith("msprof_")
                                        for m in members):
         return "msprof"
-    return ""
+    return "mindspore" if "MindSpore" in layers else "torch_npu" if "Python" in layers else ""

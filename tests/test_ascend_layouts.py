@@ -112,6 +112,7 @@ def test_idle_device_time_is_never_blamed_on_a_launch_the_profile_does_not_show(
 def test_a_bare_trace_view_is_a_one_rank_bundle(tmp_path: Path):
     trace = tracegraph.load(BARE, use_cache=False)
     assert trace.rank_ids == [0]
+    assert trace.ranks["framework"].tolist() == ["torch_npu"]  # its framework layer: Python
     assert any("no rank stated" in w and "rank 0" in w for w in trace.warnings)
     device = trace.events[trace.events["lane_kind"] == schema.STREAM]
     assert len(device) > 0 and set(trace.events["name"]) >= {"ProfilerStep#1"}
