@@ -113,6 +113,7 @@ class _Wrapped(msgspec.Struct):
 _DECODER = msgspec.json.Decoder(list[_Event] | _Wrapped)
 _PH, _PID = attrgetter("ph"), attrgetter("pid")
 _MAX_PASSES = 64
+STAGE_SLACK = 0.01  # a step's device span may differ from step_trace_time's Stage by 1%
 _NO_ARGS = _Args()
 _BOUNDARY = re.compile(rb"\}\s*,\s*\{")
 
@@ -140,10 +141,24 @@ def parse(files: RankFiles, read: Reader) -> ParsedRank:
                             "communication.json's ops only")
         ctx.where = files.files["communication"]
         frame = concat([frame, comm_only_frame(ctx)])
-    frame = concat([frame, device_step_marks(frame)])
+    marks = device_step_marks(frame)
+    _check_spans(marks, side.stages_us, files.files.get("kernels", files.root), warnings)
+    frame = concat([frame, marks])
     return ParsedRank(rank=rank, events=table(frame, rank), groups=groups(side, frame),
                       meta=meta(files, side, _pid_device(device_pid), layers=ctx.layers),
                       warnings=warnings)
+
+
+def _check_spans(marks: pd.DataFrame, stages_us: dict[int, float], where: str,
+                 warnings: list[str]) -> None:
+    """Warn where a step's device tasks span less (or more) than step_trace_time.csv's Stage
+    for it: the kernel table lacks rows, and step times read from it are not the step's."""
+    for step, dur in zip(marks["step"], marks["dur_ns"], strict=True):
+        stage = stages_us.get(int(step))
+        if stage is not None and abs(dur / 1e3 - stage) > max(STAGE_SLACK * stage, 1.0):
+            warnings.append(f"{where}: its tasks of step {step} span {dur / 1e6:.3f} ms, "
+                            f"step_trace_time.csv's Stage {stage / 1e3:.3f} ms: the table is "
+                            "incomplete, step times and stragglers read from it are not reliable")
 
 
 def _pid_device(pid: int | None) -> int | None:

@@ -7,6 +7,7 @@ hash (`name@group` keys) and, when a rank has no timeline, the communication ops
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import re
@@ -82,6 +83,8 @@ class Side:
     metadata: _Metadata = field(default_factory=_Metadata)
     ops: list[CommOp] = field(default_factory=list)
     device: int | None = None  # from step_trace_time.csv's Device_id
+    stages_us: dict[int, float] = field(default_factory=dict)  # step -> step_trace_time.csv's
+    # Stage: msprof's step time, first to last device task (µs)
     local_ranks: dict[str, set[int]] = field(default_factory=dict)  # group hash -> the
     # group-local ranks its communication_matrix.json links name
 
@@ -122,7 +125,7 @@ def load_side(files: RankFiles, read: Reader, warnings: list[str]) -> Side:
         stats = _load(files.files["communication"], read, _Communication, warnings) or {}
         side.ops = _comm_ops(stats, _matrix_links(matrix))
     if "step_trace" in files.files:
-        side.device = _device_id(read(files.files["step_trace"]))
+        side.device, side.stages_us = _step_trace(read(files.files["step_trace"]))
     return side
 
 
@@ -236,11 +239,18 @@ def _step_number(key: str) -> int:
     return int(match[1]) if match else NO_INT
 
 
-def _device_id(data: bytes) -> int | None:
-    """The `Device_id` of the first row of step_trace_time.csv, if the column exists."""
-    rows = csv.DictReader(io.StringIO(data.decode("utf-8", errors="replace")))
-    row = next(rows, None) or {}
-    return _int_or_none((row.get("Device_id") or "").strip())
+def _step_trace(data: bytes) -> tuple[int | None, dict[int, float]]:
+    """step_trace_time.csv's `Device_id` (first row, if the column exists) and each step's
+    `Stage` (µs)."""
+    rows = list(csv.DictReader(io.StringIO(data.decode("utf-8", errors="replace"))))
+    device = _int_or_none((rows[0].get("Device_id") or "").strip()) if rows else None
+    stages = {}
+    for row in rows:
+        step, stage = _int_or_none((row.get("Step") or "").strip()), row.get("Stage") or ""
+        with contextlib.suppress(ValueError):
+            if step is not None:
+                stages[step] = float(stage)
+    return device, stages
 
 
 def _int_or_none(value: object) -> int | None:
