@@ -362,6 +362,28 @@ def test_a_bad_database_is_one_line_exit_2(tmp_path, case):
     assert db.name in lines[0] and problem in lines[0]
 
 
+def test_a_newer_schema_is_read_with_a_warning_and_mstx_ranges_are_markers(tmp_path):
+    """msprof's MSTX_EVENTS (startNs, endNs, eventType, rangeId, category, message, globalTid,
+    endGlobalTid, domainId, connectionId: msprof `msprof_db.cpp`) is absent from the real files:
+    one range is added here, with a schema version this reader does not know."""
+    db = _copy(tmp_path)
+    (start, end), = raw(1, "SELECT startNs, endNs FROM STEP_TIME")
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE META_DATA SET value = '2.1.0' WHERE name = 'SCHEMA_VERSION'")
+        conn.execute("CREATE TABLE MSTX_EVENTS (startNs INTEGER, endNs INTEGER, eventType "
+                     "INTEGER, rangeId INTEGER, category INTEGER, message INTEGER, globalTid "
+                     "INTEGER, endGlobalTid INTEGER, domainId INTEGER, connectionId INTEGER)")
+        conn.execute("INSERT INTO STRING_IDS VALUES (99999999, 'forward mb=0')")
+        conn.execute("INSERT INTO MSTX_EVENTS VALUES (?, ?, 2, 1, 0, 99999999, ?, ?, 0, -1)",
+                     (start + 1000, end - 1000, (7 << 32) | 4242, (7 << 32) | 4242))
+    trace = tracegraph.load(db, use_cache=False, jobs=1)
+    assert any("schema 2.1.0 is newer than the 1.x" in w for w in trace.warnings)
+    mark = trace.events[trace.events["name"] == "forward mb=0"]
+    assert mark[["kind", "lane", "start_ns"]].values.tolist() == [
+        [schema.MARKER, "thread 4242", start + 1000]]
+    assert len(trace.events) == len(events(1)) + 1
+
+
 def test_a_locked_database_is_named(tmp_path):
     db = _copy(tmp_path)
     writer = sqlite3.connect(db, isolation_level=None)
