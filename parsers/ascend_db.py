@@ -21,7 +21,7 @@ import sqlite3
 import tempfile
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -93,11 +93,12 @@ LOW_32 = 0xFFFFFFFF  # globalTid: pid << 32 | tid
 
 @dataclass
 class Database:
-    """An open profiler database, its tables (name -> columns) and schema version."""
+    """An open profiler database, its tables (name -> columns), META_DATA and schema version."""
 
     conn: sqlite3.Connection
     where: str  # the member, for messages
     tables: dict[str, set[str]]
+    stated: dict[str, str] = field(default_factory=dict)  # META_DATA
     version: str = ""
 
     def has(self, table: str, *columns: str) -> bool:
@@ -194,8 +195,8 @@ def _tables(db: Database) -> dict[str, set[str]]:
 
 def _check_schema(db: Database) -> None:
     """TraceError naming the first required table or read column the database lacks."""
-    stated = db.values("META_DATA")
-    db.version = stated.get("SCHEMA_VERSION", "")
+    db.stated = db.values("META_DATA")
+    db.version = db.stated.get("SCHEMA_VERSION", "")
     seen = f" (schema {db.version})" if db.version else " (no SCHEMA_VERSION in META_DATA)"
     for name in REQUIRED:
         if name not in db.tables:
@@ -226,8 +227,7 @@ def parse(files: RankFiles, read: Reader) -> ParsedRank:
     warnings: list[str] = []
     side = load_side(files, read, warnings)
     with opened(member, read) as db:
-        stated = db.values("META_DATA")
-        stated_metadata(side, stated, member, warnings)
+        stated_metadata(side, db.stated, member, warnings)
         _check_version(db, warnings)
         rank_row = _rank_device(db)
         info = side.info if "rank_id" in side.info else {**side.info, "rank_id": rank_row[0]}

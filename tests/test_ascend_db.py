@@ -14,6 +14,7 @@ on the first all-reduce), rank 1's was not (no `waitNs` column).
 
 from __future__ import annotations
 
+import json
 import shutil
 import sqlite3
 import subprocess
@@ -382,6 +383,18 @@ def test_a_newer_schema_is_read_with_a_warning_and_mstx_ranges_are_markers(tmp_p
     assert mark[["kind", "lane", "start_ns"]].values.tolist() == [
         [schema.MARKER, "thread 4242", start + 1000]]
     assert len(trace.events) == len(events(1)) + 1
+
+
+def test_group_membership_from_meta_data(tmp_path):
+    """Newer torch_npu exports write `parallel_group_info` into META_DATA (ascend.md §3.3) where
+    the real 1.0.0 files have no profiler_metadata.json: the group's members come from it."""
+    db = _copy(tmp_path)
+    info = {COMM_NAME: {"group_name": "dp", "group_rank": 1, "global_ranks": list(range(8))}}
+    with sqlite3.connect(db) as conn:
+        conn.execute("INSERT INTO META_DATA VALUES ('parallel_group_info', ?)",
+                     (json.dumps(info),))
+    groups = tracegraph.load(db, use_cache=False, jobs=1).groups.set_index("group")
+    assert groups.at[GROUP, "desc"] == "dp" and list(groups.at[GROUP, "ranks"]) == list(range(8))
 
 
 def test_a_locked_database_is_named(tmp_path):
