@@ -8,6 +8,7 @@ else runs on the machine; CPU time much less). Cost should grow linearly in even
 event should stay flat.
 
     .venv/bin/python bench/bench_scale.py --ranks 8 32 128 --kernels 200 --format ascend kineto
+    .venv/bin/python bench/bench_scale.py --ranks 8 32 --format ascend ascend-db  # text vs .db
     .venv/bin/python bench/bench_scale.py --ranks 1024 --kernels 24 --format kineto --keep /tmp/b
 """
 
@@ -37,9 +38,10 @@ def simulate(out: Path, ranks: int, kernels: int, fmt: str) -> float:
     if out.exists():
         return 0.0
     start = time.perf_counter()
+    fmt, _, layout = fmt.partition("-")  # ascend-db: the same job as the profiler's .db export
     subprocess.run([sys.executable, "-m", "tracegraph", "simulate", "large", "-o", str(out),
-                    "--format", fmt, "--ranks", str(ranks), "--steps", "1",
-                    "--kernels-per-chunk", str(kernels)], check=True, cwd=REPO,
+                    "--format", fmt, "--layout", layout or "text", "--ranks", str(ranks),
+                    "--steps", "1", "--kernels-per-chunk", str(kernels)], check=True, cwd=REPO,
                    stdout=subprocess.DEVNULL)
     return time.perf_counter() - start
 
@@ -63,7 +65,8 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, nargs="+", default=[8, 32, 128])
     parser.add_argument("--kernels", type=int, nargs="+", default=[200],
                         help="kernels per F/B chunk: one value, or one per --ranks value")
-    parser.add_argument("--format", nargs="+", choices=["ascend", "kineto"], default=["ascend"])
+    parser.add_argument("--format", nargs="+", choices=["ascend", "ascend-db", "kineto"],
+                        default=["ascend"])
     parser.add_argument("--keep", type=Path, help="keep (and reuse) the bundles in this folder")
     args = parser.parse_args()
     kernels = args.kernels * len(args.ranks) if len(args.kernels) == 1 else args.kernels

@@ -202,6 +202,10 @@ class Source:
     def close(self) -> None:
         """Release open files."""
 
+    def local_path(self, name: str) -> Path | None:
+        """The file on disk that holds member `name` unchanged, if any (not in an archive)."""
+        return None
+
     def _open(self, name: str) -> BinaryIO:
         raise NotImplementedError
 
@@ -293,6 +297,10 @@ class DirSource(Source):
 
     def _open(self, name: str) -> BinaryIO:
         return open(self.members[name], "rb")  # type: ignore[arg-type]  # noqa: SIM115
+
+    def local_path(self, name: str) -> Path | None:
+        self._require([name])
+        return None if name.endswith(".gz") else self.members[name]  # type: ignore[return-value]
 
     def _stamp(self, name: str) -> tuple:
         st = os.stat(self.members[name])  # type: ignore[arg-type]

@@ -13,37 +13,56 @@ from __future__ import annotations
 import contextlib
 import re
 from collections import defaultdict
-from collections.abc import Sequence
-from dataclasses import dataclass, field
 from itertools import compress, repeat
 from operator import attrgetter, eq
 
 import msgspec
 import numpy as np
 import pandas as pd
-import pyarrow as pa
-import pyarrow.compute as pc
 
 from parsers import ascend_layout
-from parsers.ascend_comm import Side, load_side, resolve_rank
+from parsers.ascend_comm import load_side, resolve_rank
+from parsers.ascend_csv import kernel_frame
 from parsers.ascend_layout import recognizes as recognizes  # the format's test, re-exported
-from parsers.base import Format, GroupInfo, ParsedRank, RankFiles, Reader, TraceError
-from parsers.classify import HcclName, comm_kind, comm_type, double_hash, parse_hccl_name
-from tracegraph import schema
+from parsers.ascend_rows import (
+    GROUP_THREAD,
+    Context,
+    Scalar,
+    Steps,
+    all_steps,
+    attach_device_tasks,
+    comm_lane,
+    comm_only_frame,
+    concat,
+    device_kinds,
+    device_lane,
+    device_step_marks,
+    dur_ns,
+    groups,
+    hccl_names,
+    int64s,
+    local_ranks,
+    meta,
+    notify_ids,
+    op_bytes,
+    op_group,
+    op_streams,
+    set_peers,
+    table,
+    texts,
+    thread_lane,
+)
+from parsers.ascend_rows import us_to_ns as us_to_ns  # exact µs -> ns, re-exported
+from parsers.base import Format, ParsedRank, RankFiles, Reader, TraceError
+from parsers.classify import parse_hccl_name
 from tracegraph.schema import (
     COLLECTIVE,
     COMM,
     COMM_TASK,
-    COMPUTE,
     HOST,
     MARKER,
-    MEMCPY,
     NO_INT,
     P2P,
-    RECORD,
-    STREAM,
-    THREAD,
-    WAIT,
 )
 
 DEVICE_LAYERS = frozenset({"Ascend Hardware"})
@@ -55,16 +74,7 @@ SKIPPED_LAYERS = frozenset({  # overlap summary and counter tracks: no operation
     "Overlap Analysis", "AI Core Freq", "HBM", "PCle", "HCCS", "LLC", "NPU MEM", "Stars Soc Info",
     "Stars Chip Trans", "Acc PMU", "SIO", "QoS", "NIC", "RoCE",
 })
-_INVALID_NOTIFY = "18446744073709551615"
-_DTYPE_BYTES = {"INT8": 1, "UINT8": 1, "INT16": 2, "UINT16": 2, "FP16": 2, "BFP16": 2, "BF16": 2,
-                "INT32": 4, "UINT32": 4, "FP32": 4, "INT64": 8, "UINT64": 8, "FP64": 8}
-_DECIMAL = r"^\s*(?P<whole>-?\d+)(?:\.(?P<frac>\d*))?\s*$"
-_STEP = re.compile(r"ProfilerStep#(\d+)")
-_GROUP_THREAD = re.compile(r"Group (.+?) (?:Aicpu )?Communication")
 _PLANE_THREAD = re.compile(r"Plane (\d+)")
-_INT32_MAX = np.iinfo(np.int32).max
-
-Scalar = int | float | str | None
 
 
 class _Args(msgspec.Struct, gc=False):
@@ -103,28 +113,58 @@ class _Wrapped(msgspec.Struct):
 _DECODER = msgspec.json.Decoder(list[_Event] | _Wrapped)
 _PH, _PID = attrgetter("ph"), attrgetter("pid")
 _MAX_PASSES = 64
+STAGE_SLACK = 0.01  # a step's device span may differ from step_trace_time's Stage by 1%
 _NO_ARGS = _Args()
 _BOUNDARY = re.compile(rb"\}\s*,\s*\{")
 
 
 def parse(files: RankFiles, read: Reader) -> ParsedRank:
-    """One rank's Ascend profile as normalized events, groups and rank metadata."""
+    """One rank's Ascend profile as normalized events, groups and rank metadata: from its trace,
+    else from its kernel table, plus communication.json's ops where neither has HCCL op rows."""
     warnings: list[str] = []
     side = load_side(files, read, warnings)
     rank = resolve_rank(files, side.info, warnings)
     roles = sorted((r for r in files.files if r == "trace" or r.startswith("trace.")),
                    key=lambda r: int(r.partition(".")[2] or 0))
-    ctx = _Context(rank, files.files[roles[0]] if roles else files.root, side, warnings)
+    ctx = Context(rank, files.files[roles[0]] if roles else files.root, side, warnings)
     events = [e for role in roles
               for e in decode_trace(files.files[role], read(files.files[role]), warnings)]
-    frame, device_pid = _trace_frame(events, ctx) if roles else (_concat([]), None)
+    frame, device_pid = _trace_frame(events, ctx) if roles else (concat([]), None)
+    if not roles and "kernels" in files.files:
+        frame = concat([kernel_frame(files.files["kernels"], read, ctx)])
     if side.ops and not frame["kind"].isin([COLLECTIVE, P2P]).any():
-        why = f"{ctx.where}: no HCCL op rows" if roles else f"{files.root}: no trace, no timeline"
-        warnings.append(f"{why}: events are communication.json's ops only")
+        if roles:
+            warnings.append(f"{ctx.where}: no HCCL op rows: communication ops from "
+                            "communication.json")
+        elif "kernels" not in files.files:
+            warnings.append(f"{files.root}: no trace, no timeline: events are "
+                            "communication.json's ops only")
         ctx.where = files.files["communication"]
-        frame = _concat([frame, _comm_only_frame(ctx)])
-    return ParsedRank(rank=rank, events=_table(frame, rank), groups=_groups(side, frame),
-                      meta=_meta(files, side, device_pid), warnings=warnings)
+        frame = concat([frame, comm_only_frame(ctx)])
+    marks = device_step_marks(frame)
+    _check_spans(marks, side.stages_us, files.files.get("kernels", files.root), warnings)
+    frame = concat([frame, marks])
+    return ParsedRank(rank=rank, events=table(frame, rank), groups=groups(side, frame),
+                      meta=meta(files, side, _pid_device(device_pid), layers=ctx.layers),
+                      warnings=warnings)
+
+
+def _check_spans(marks: pd.DataFrame, stages_us: dict[int, float], where: str,
+                 warnings: list[str]) -> None:
+    """Warn where a step's device tasks span less (or more) than step_trace_time.csv's Stage
+    for it: the kernel table lacks rows, and step times read from it are not the step's."""
+    for step, dur in zip(marks["step"], marks["dur_ns"], strict=True):
+        stage = stages_us.get(int(step))
+        if stage is not None and abs(dur / 1e3 - stage) > max(STAGE_SLACK * stage, 1.0):
+            warnings.append(f"{where}: its tasks of step {step} span {dur / 1e6:.3f} ms, "
+                            f"step_trace_time.csv's Stage {stage / 1e3:.3f} ms: the table is "
+                            "incomplete, step times and stragglers read from it are not reliable")
+
+
+def _pid_device(pid: int | None) -> int | None:
+    """The device id in the low 5 bits of msprof's layer pid (`(pid << 10) | (layer << 5) |
+    device`), when the pid has that form."""
+    return pid & 0x1F if pid and pid >= 1 << 10 else None
 
 
 # --- decoding --------------------------------------------------------------------------------
@@ -171,196 +211,46 @@ def _salvage(member: str, data: bytes, tries: int = 8) -> list[_Event]:
 # --- column helpers --------------------------------------------------------------------------
 
 
-def us_to_ns(values: Sequence[object], where: str) -> np.ndarray:
-    """Decimal µs ("1736412474757059.740" or a number) -> integer ns, exactly (never via float)."""
-    text = _decimal_text(values)
-    parts = pc.extract_regex(text, _DECIMAL)
-    if parts.null_count:
-        bad = text.filter(pc.is_null(parts))[0].as_py()
-        raise TraceError(f"{where}: unreadable timestamp {bad!r}")
-    whole = pc.cast(parts.field("whole"), pa.int64())
-    frac = pc.cast(pc.utf8_slice_codeunits(pc.utf8_rpad(parts.field("frac"), 3, "0"), 0, 3),
-                   pa.int64())
-    negative = pc.starts_with(parts.field("whole"), "-")
-    signed = pc.if_else(negative, pc.negate(frac), frac)
-    return pc.add(pc.multiply(whole, 1000), signed).to_numpy()
-
-
-def _decimal_text(values: Sequence[object]) -> pa.Array:
-    try:
-        return pa.array(values, type=pa.string())
-    except (pa.ArrowInvalid, pa.ArrowTypeError):
-        return pa.array([_number_text(v) for v in values], type=pa.string())
-
-
-def _number_text(value: object) -> str | None:
-    """A number as the decimal text it was most likely written as."""
-    if value is None or isinstance(value, str):
-        return value
-    text = repr(value)
-    return format(value, ".3f") if isinstance(value, float) and "e" in text else text
-
-
-def _dur_ns(values: list[Scalar]) -> np.ndarray:
-    """Float µs -> ns, round(dur * 1000); missing -> 0."""
-    try:
-        us = np.asarray(values, dtype=np.float64)
-    except (TypeError, ValueError):
-        us = pd.to_numeric(pd.Series(values, dtype=object), errors="coerce").to_numpy(np.float64)
-    return np.rint(np.nan_to_num(us) * 1000).astype(np.int64)
-
-
-def _int64(values: Sequence[Scalar]) -> np.ndarray:
-    """Integers with NO_INT where missing or unreadable."""
-    try:
-        return pc.fill_null(pa.array(values, type=pa.int64()), NO_INT).to_numpy()
-    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
-        numbers = pd.to_numeric(pd.Series(values, dtype=object), errors="coerce")
-        return numbers.fillna(NO_INT).to_numpy(np.int64)
-
-
-def _text(values: Sequence[Scalar]) -> pd.Series:
-    """Strings with "" where missing."""
-    try:
-        array = pa.array(values, type=pa.string())
-    except (pa.ArrowInvalid, pa.ArrowTypeError):
-        array = pa.array([None if v is None else str(v) for v in values], type=pa.string())
-    return pc.fill_null(array, "").to_pandas()
-
-
 def _args(events: list[_Event], key: str) -> list[Scalar]:
     get = attrgetter(key)
     return [get(e.args or _NO_ARGS) for e in events]
 
 
-def _local_rank(values: list[Scalar]) -> np.ndarray:
-    """Group-local ranks; 4294967295 (a local, on-chip task) and missing -> NO_INT."""
-    ranks = _int64(values)
-    return np.where((ranks < 0) | (ranks > _INT32_MAX), NO_INT, ranks)
-
-
-def _notify_ids(values: list[Scalar]) -> pd.Series:
-    """Decimal notify ids; "" for the invalid sentinel; legacy hex ids converted."""
-    ids = _text(values)
-    hexa = ids.str.startswith("0x")
-    if hexa.any():
-        ids[hexa] = ids[hexa].map(lambda s: str(int(s, 16)))
-    return ids.where(ids != _INVALID_NOTIFY, "")
-
-
 def _base(events: list[_Event], where: str) -> pd.DataFrame:
     """Name, times, pid and tid of a list of complete events."""
     return pd.DataFrame({
-        "name": _text([e.name for e in events]),
+        "name": texts([e.name for e in events]),
         "start_ns": us_to_ns([e.ts for e in events], where),
-        "dur_ns": _dur_ns([e.dur for e in events]),
+        "dur_ns": dur_ns([e.dur for e in events]),
         "pid": pd.Series([e.pid for e in events], dtype=object),
         "tid": pd.Series([e.tid for e in events], dtype=object),
     })
 
 
-def _comm_lane(groups: pd.Series) -> pd.Series:
-    """"hccl {group}" ("hccl unknown" when the group is not known)."""
-    return "hccl " + groups.where(groups != "", "unknown")
-
-
-def _thread_lane(frame: pd.DataFrame) -> None:
-    frame["lane"] = "thread " + frame["tid"].astype(str)
-    frame["lane_kind"] = THREAD
-
-
 # --- layers ----------------------------------------------------------------------------------
 
 
-@dataclass
-class _Steps:
-    """ProfilerStep#N ranges on the host and the host step of each connection id."""
-
-    starts: np.ndarray
-    ends: np.ndarray
-    numbers: np.ndarray
-    by_conn: pd.Series
-
-    @classmethod
-    def of(cls, framework: pd.DataFrame) -> _Steps:
-        marks = framework.assign(number=_step_numbers(framework["name"]))
-        marks = marks[marks["number"] != NO_INT].sort_values("start_ns")
-        return cls(marks["start_ns"].to_numpy(np.int64),
-                   (marks["start_ns"] + marks["dur_ns"]).to_numpy(np.int64),
-                   marks["number"].to_numpy(np.int64), pd.Series(dtype=np.int64))
-
-    def _latest(self, start: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Index of the latest step that began at or before each time, and its number."""
-        i = np.searchsorted(self.starts, start, side="right") - 1
-        if not len(self.starts):
-            return i, np.full(len(start), NO_INT)
-        return i, np.where(i >= 0, self.numbers[np.clip(i, 0, None)], NO_INT)
-
-    def host(self, start: np.ndarray) -> np.ndarray:
-        """The step whose host range contains each time."""
-        i, number = self._latest(start)
-        ends = self.ends[np.clip(i, 0, None)] if len(self.ends) else start
-        return np.where(start < ends, number, NO_INT)
-
-    def device(self, start: np.ndarray, corr: np.ndarray) -> np.ndarray:
-        """Device work: the step of its host launch (by correlation), else the latest step that
-        began before it (a device runs behind its host, never ahead)."""
-        by_time = pd.Series(self._latest(start)[1])
-        return pd.Series(corr).map(self.by_conn).fillna(by_time).to_numpy(np.int64)
-
-
-def _step_numbers(names: pd.Series) -> np.ndarray:
-    """N for "ProfilerStep#N", NO_INT otherwise."""
-    numbers = np.full(len(names), NO_INT, dtype=np.int64)
-    text = pa.array(names.to_numpy(object), type=pa.string(), from_pandas=True)
-    steps = pc.fill_null(pc.starts_with(text, "ProfilerStep#"), False).to_numpy(
-        zero_copy_only=False)
-    found = names[steps].str.extract(r"^ProfilerStep#(\d+)$")[0]
-    numbers[steps] = pd.to_numeric(found).fillna(NO_INT).to_numpy(np.int64)
-    return numbers
-
-
-@dataclass
-class _Context:
-    """What every layer builder needs about the rank."""
-
-    rank: int
-    where: str  # the member the events come from, for messages
-    side: Side
-    warnings: list[str]
-    steps: _Steps | None = None
-    threads: dict[tuple[object, object], str] = field(default_factory=dict)
-    members: dict[str, GroupInfo] = field(init=False)
-    by_step: dict[tuple[int, str], str] = field(init=False)
-    by_name: dict[str, set[str]] = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.members = self.side.groups()
-        self.by_step, self.by_name = self.side.op_groups()
-
-
-def _trace_frame(events: list[_Event], ctx: _Context) -> tuple[pd.DataFrame, int | None]:
+def _trace_frame(events: list[_Event], ctx: Context) -> tuple[pd.DataFrame, int | None]:
     """All rows of the trace, and the pid of its Ascend Hardware layer."""
     layers, device_pid = _split_layers(events, ctx)
     framework = _framework_frame(layers["framework"], layers["marker"], ctx)
-    ctx.steps = _Steps.of(framework)
+    ctx.steps = Steps.of(framework)
     cann = _cann_frame(layers["cann"], ctx)
-    known = cann[(cann["correlation"] != NO_INT) & (cann["step"] != NO_INT)]
-    ctx.steps.by_conn = known.drop_duplicates("correlation").set_index("correlation")["step"]
+    ctx.steps.link(cann)
     ops_events, task_events = _split_comm(layers["comm"])
-    op_conns = set(_int64(_args(ops_events, "connection_id"))) - {NO_INT}
+    op_conns = set(int64s(_args(ops_events, "connection_id"))) - {NO_INT}
     device = _device_frame(layers["device"], op_conns, ctx)
     ops = _op_frame(ops_events, device, ctx)
     tasks = _task_frame(task_events, ops, ctx)
-    _attach_device_tasks(device, ops)
-    _set_peers(ops, tasks, ctx)
-    frame = _concat([framework, cann, device, ops, tasks.drop(columns="op")])
-    frame["step"] = _all_steps(frame, ctx.steps)
+    attach_device_tasks(device, ops)
+    set_peers(ops, tasks, ctx)
+    frame = concat([framework, cann, device, ops, tasks.drop(columns="op")])
+    frame["step"] = all_steps(frame, ctx.steps)
     return frame, device_pid
 
 
 def _split_layers(events: list[_Event],
-                  ctx: _Context) -> tuple[dict[str, list[_Event]], int | None]:
+                  ctx: Context) -> tuple[dict[str, list[_Event]], int | None]:
     """Complete events by layer kind (thread names go to ctx), and the device layer's pid."""
     names: dict[object, str] = {}
     phases = list(map(_PH, events))
@@ -371,6 +261,7 @@ def _split_layers(events: list[_Event],
                 names[e.pid] = str(e.args.name)
             else:
                 ctx.threads[(e.pid, e.tid)] = str(e.args.name)
+    ctx.layers = set(names.values())
     layers: dict[str, list[_Event]] = defaultdict(list)
     unknown, guessed, device_pid = set(), [], None
     for pid, evs in by_pid.items():
@@ -434,112 +325,77 @@ def _split_comm(events: list[_Event]) -> tuple[list[_Event], list[_Event]]:
 
 
 def _framework_frame(framework: list[_Event], markers: list[_Event],
-                     ctx: _Context) -> pd.DataFrame:
+                     ctx: Context) -> pd.DataFrame:
     """Framework ops (host) and annotations (marker): ProfilerStep#N, user annotations, scope
     and mstx layers."""
     events = framework + markers
     frame = _base(events, ctx.where)
-    _thread_lane(frame)
+    thread_lane(frame)
     marker = (frame["name"].str.startswith("ProfilerStep#")
-              | _text([e.cat for e in events]).eq("user_annotation")
+              | texts([e.cat for e in events]).eq("user_annotation")
               | (np.arange(len(events)) >= len(framework)))
     frame["kind"] = np.where(marker, MARKER, HOST)
     return frame
 
 
-def _cann_frame(events: list[_Event], ctx: _Context) -> pd.DataFrame:
+def _cann_frame(events: list[_Event], ctx: Context) -> pd.DataFrame:
     frame = _base(events, ctx.where)
-    _thread_lane(frame)
+    thread_lane(frame)
     frame["kind"] = HOST
-    frame["correlation"] = _int64(_args(events, "connection_id"))
+    frame["correlation"] = int64s(_args(events, "connection_id"))
     frame["step"] = ctx.steps.host(frame["start_ns"].to_numpy())
     return frame
 
 
-def _device_frame(events: list[_Event], op_conns: set[int], ctx: _Context) -> pd.DataFrame:
+def _device_frame(events: list[_Event], op_conns: set[int], ctx: Context) -> pd.DataFrame:
     """Device tasks: wait / record / memcpy / comm_task (subtask of an HCCL op) / compute."""
     frame = _base(events, ctx.where)
-    stream = _int64(_args(events, "physic_stream"))
-    for fallback in (_int64(_args(events, "stream_id")), _int64(frame["tid"].tolist())):
+    stream = int64s(_args(events, "physic_stream"))
+    for fallback in (int64s(_args(events, "stream_id")), int64s(frame["tid"].tolist())):
         stream = np.where(stream == NO_INT, fallback, stream)
     frame["stream"] = stream
-    frame["lane"] = "stream " + frame["stream"].astype(str)
-    frame["lane_kind"] = STREAM
-    frame["task_type"] = tt = _text(_args(events, "task_type"))
-    frame["correlation"] = _int64(_args(events, "connection_id"))
-    size = _int64(_args(events, "data_size"))
-    frame["bytes"] = np.where(size == NO_INT, _int64(_args(events, "size_b")), size)
-    name = frame["name"]
-    frame["kind"] = np.select(
-        [tt.eq("EVENT_WAIT_SQE") | name.eq("EVENT_WAIT"),
-         tt.eq("EVENT_RECORD_SQE") | name.eq("EVENT_RECORD"),
-         frame["correlation"].isin(op_conns),
-         name.eq("MEMCPY_ASYNC") | tt.str.contains("DMA", regex=False)],
-        [WAIT, RECORD, COMM_TASK, MEMCPY], COMPUTE)
+    device_lane(frame)
+    frame["task_type"] = texts(_args(events, "task_type"))
+    frame["correlation"] = int64s(_args(events, "connection_id"))
+    size = int64s(_args(events, "data_size"))
+    frame["bytes"] = np.where(size == NO_INT, int64s(_args(events, "size_b")), size)
+    frame["kind"] = device_kinds(frame["name"], frame["task_type"],
+                                 frame["correlation"].to_numpy(), op_conns)
     return frame
 
 
-def _op_frame(events: list[_Event], device: pd.DataFrame, ctx: _Context) -> pd.DataFrame:
+def _op_frame(events: list[_Event], device: pd.DataFrame, ctx: Context) -> pd.DataFrame:
     """HCCL op rows: collective / p2p with group, instance number, device stream and bytes."""
     frame = _base(events, ctx.where)
-    frame["correlation"] = _int64(_args(events, "connection_id"))
-    frame["dtype"] = _text(_args(events, "data_type"))
-    count = _int64(_args(events, "count"))
-    width = frame["dtype"].map(_DTYPE_BYTES).fillna(0).to_numpy(np.int64)
-    frame["bytes"] = np.where((count >= 0) & (width > 0), count * width, NO_INT)
-    tasks = device[device["kind"] == COMM_TASK].drop_duplicates("correlation")
-    stream = frame["correlation"].map(tasks.set_index("correlation")["stream"])
-    frame["stream"] = stream.fillna(NO_INT).astype(np.int64)
+    frame["correlation"] = int64s(_args(events, "connection_id"))
+    frame["dtype"] = texts(_args(events, "data_type"))
+    frame["bytes"] = op_bytes(int64s(_args(events, "count")), frame["dtype"])
+    op_streams(frame, device)
     frame["step"] = ctx.steps.device(frame["start_ns"].to_numpy(), frame["correlation"].to_numpy())
-    parsed = [parse_hccl_name(n) for n in frame["name"]]
-    frame["name"] = frame["name"].str.split("@").str[0]
-    frame["seq"] = [p.index if p else NO_INT for p in parsed]
-    comm = [p.comm if p else comm_type(n) for p, n in zip(parsed, frame["name"], strict=True)]
-    frame["comm"] = pd.Series(comm, dtype=str)
-    frame["kind"] = pd.Series([comm_kind(c) for c in comm], dtype=str)
+    parsed = hccl_names(frame)
     threads = [ctx.threads.get((p, t), "") for p, t in zip(frame["pid"], frame["tid"], strict=True)]
-    frame["group"] = pd.Series([_op_group(ctx, *row) for row in zip(
+    frame["group"] = pd.Series([op_group(ctx, *row) for row in zip(
         frame["name"], parsed, frame["step"], threads, strict=True)], dtype=str)
     unknown = int((frame["group"] == "").sum())
     if unknown:
         ctx.warnings.append(f"{ctx.where}: {unknown} HCCL ops with no known group")
-    frame["lane"] = _comm_lane(frame["group"])
+    frame["lane"] = comm_lane(frame["group"])
     frame["lane_kind"] = COMM
-    frame["rank_size"] = _int64(_args(events, "rank_size"))
+    frame["rank_size"] = int64s(_args(events, "rank_size"))
     return frame
 
 
-def _op_group(ctx: _Context, name: str, parsed: HcclName | None, step: int,
-              thread: str) -> str:
-    """An op's full group hash: its own "@group", communication.json (by step, then by name
-    alone), the one own group with that 3-digit tail, or the HCCL thread's name."""
-    if parsed and parsed.group:
-        return parsed.group
-    if (step, name) in ctx.by_step:
-        return ctx.by_step[(step, name)]
-    seen = ctx.by_name.get(name, set())
-    if len(seen) == 1:
-        return next(iter(seen))
-    tail = parsed.group_tail if parsed else ""
-    mine = [g for g in ctx.members if tail and g.endswith(tail)]
-    if len(mine) == 1:
-        return mine[0]
-    match = _GROUP_THREAD.fullmatch(thread)
-    candidates = (match[1], double_hash(match[1])) if match and tail else ()
-    return next((c for c in candidates if len(c) > 3 and c.endswith(tail)), "")
-
-
-def _task_frame(events: list[_Event], ops: pd.DataFrame, ctx: _Context) -> pd.DataFrame:
+def _task_frame(events: list[_Event], ops: pd.DataFrame, ctx: Context) -> pd.DataFrame:
     """HCCL small tasks on `Plane k` threads, each attached to the op row that contains it."""
     frame = _base(events, ctx.where)
     frame["kind"] = COMM_TASK
     frame["lane_kind"] = COMM
-    frame["task_type"] = _text(_args(events, "small_task_type"))
-    frame["notify_id"] = _notify_ids(_args(events, "notify_id"))
-    frame["src_rank"] = _local_rank(_args(events, "src_rank"))
-    frame["dst_rank"] = _local_rank(_args(events, "dst_rank"))
-    frame["bytes"] = _int64(_args(events, "size_byte"))
-    frame["block"] = _blocks(_int64(frame["tid"].tolist()), ops, ctx)
+    frame["task_type"] = texts(_args(events, "small_task_type"))
+    frame["notify_id"] = notify_ids(_args(events, "notify_id"))
+    frame["src_rank"] = local_ranks(_args(events, "src_rank"))
+    frame["dst_rank"] = local_ranks(_args(events, "dst_rank"))
+    frame["bytes"] = int64s(_args(events, "size_byte"))
+    frame["block"] = _blocks(int64s(frame["tid"].tolist()), ops, ctx)
     frame["op"] = _containing_op(frame, ops)
     own = frame["op"].to_numpy() >= 0
     pick = np.clip(frame["op"].to_numpy(), 0, None)
@@ -547,19 +403,19 @@ def _task_frame(events: list[_Event], ops: pd.DataFrame, ctx: _Context) -> pd.Da
                             ("step", NO_INT)):
         values = ops[column].to_numpy()[pick] if len(ops) else default
         frame[column] = np.where(own, values, default)
-    by_block = ops.assign(block=_int64(ops["tid"].tolist())).groupby("block")["group"].max()
+    by_block = ops.assign(block=int64s(ops["tid"].tolist())).groupby("block")["group"].max()
     frame["group"] = frame["group"].where(own, frame["block"].map(by_block).fillna(""))
     plane = [_plane(ctx.threads.get((p, t), ""), t, b)
              for p, t, b in zip(frame["pid"], frame["tid"], frame["block"], strict=True)]
-    frame["lane"] = _comm_lane(frame["group"]) + " plane " + pd.Series(plane, dtype=str)
+    frame["lane"] = comm_lane(frame["group"]) + " plane " + pd.Series(plane, dtype=str)
     return frame.drop(columns="block")
 
 
-def _blocks(tids: np.ndarray, ops: pd.DataFrame, ctx: _Context) -> np.ndarray:
+def _blocks(tids: np.ndarray, ops: pd.DataFrame, ctx: Context) -> np.ndarray:
     """The op-row thread ("Group … Communication") each plane thread belongs to: msprof numbers
     a group's planes right after its op thread."""
-    named = [t for (_, t), name in ctx.threads.items() if _GROUP_THREAD.fullmatch(name)]
-    op_tids = np.unique(np.concatenate([_int64(ops["tid"].tolist()), _int64(named)]))
+    named = [t for (_, t), name in ctx.threads.items() if GROUP_THREAD.fullmatch(name)]
+    op_tids = np.unique(np.concatenate([int64s(ops["tid"].tolist()), int64s(named)]))
     op_tids = op_tids[op_tids != NO_INT]
     if not len(op_tids):
         return np.zeros(len(tids), dtype=np.int64)
@@ -571,7 +427,7 @@ def _containing_op(tasks: pd.DataFrame, ops: pd.DataFrame) -> pd.Series:
     if ops.empty or tasks.empty:
         return pd.Series(NO_INT, index=tasks.index, dtype=np.int64)
     right = pd.DataFrame({"start_ns": ops["start_ns"], "end": ops["start_ns"] + ops["dur_ns"],
-                          "block": _int64(ops["tid"].tolist()), "pid": ops["pid"].astype(str),
+                          "block": int64s(ops["tid"].tolist()), "pid": ops["pid"].astype(str),
                           "op": np.arange(len(ops))})
     left = pd.DataFrame({"start_ns": tasks["start_ns"], "block": tasks["block"],
                          "pid": tasks["pid"].astype(str), "row": np.arange(len(tasks))})
@@ -585,160 +441,6 @@ def _containing_op(tasks: pd.DataFrame, ops: pd.DataFrame) -> pd.Series:
 def _plane(thread: str, tid: int, block: int) -> int:
     match = _PLANE_THREAD.fullmatch(thread)
     return int(match[1]) if match else int(tid) - int(block) - 1
-
-
-def _attach_device_tasks(device: pd.DataFrame, ops: pd.DataFrame) -> None:
-    """Device subtasks of an HCCL op (same connection id) take its group and instance number."""
-    owner = ops.drop_duplicates("correlation").set_index("correlation")
-    sub = (device["kind"] == COMM_TASK).to_numpy()
-    found = owner.reindex(device["correlation"].to_numpy())
-    device["group"] = np.where(sub, found["group"].fillna(""), "")
-    device["seq"] = np.where(sub, found["seq"].fillna(NO_INT), NO_INT).astype(np.int64)
-
-
-def _set_peers(ops: pd.DataFrame, tasks: pd.DataFrame, ctx: _Context) -> None:
-    """P2P ops: the peer from a 2-member group, else from their Notify tasks' dst rank."""
-    notify = tasks[tasks["task_type"].str.startswith("Notify") & (tasks["op"] >= 0)
-                   & (tasks["dst_rank"] >= 0) & (tasks["dst_rank"] != tasks["src_rank"])]
-    pairs = notify.drop_duplicates(["op", "src_rank", "dst_rank"])
-    single = pairs[~pairs["op"].duplicated(keep=False)]
-    links = {op: (s, d) for op, s, d in zip(single["op"], single["src_rank"], single["dst_rank"],
-                                             strict=True)}
-    peers = [_peer(ctx, group, links.get(i)) if kind == P2P else (NO_INT,) * 3
-             for i, (kind, group) in enumerate(zip(ops["kind"], ops["group"], strict=True))]
-    ops["peer"], ops["src_rank"], ops["dst_rank"] = np.array(peers, np.int64).reshape(-1, 3).T
-
-
-def _peer(ctx: _Context, group: str, link: tuple[int, int] | None) -> tuple[int, int, int]:
-    """(global peer, local src, local dst) of a P2P op in `group`."""
-    info = ctx.members.get(group)
-    ranks = sorted(info.ranks) if info else []
-    src, dst = link or (NO_INT, NO_INT)
-    if len(ranks) == 2 and ctx.rank in ranks:
-        return ranks[1 - ranks.index(ctx.rank)], src, dst
-    return (ranks[dst] if 0 <= dst < len(ranks) else NO_INT), src, dst
-
-
-def _comm_only_frame(ctx: _Context) -> pd.DataFrame:
-    """communication.json ops as events, for a rank without a timeline of them."""
-    ops = ctx.side.ops
-    parsed = [parse_hccl_name(op.name) for op in ops]
-    comm = [p.comm if p else comm_type(op.name) for p, op in zip(parsed, ops, strict=True)]
-    kind = [comm_kind(c) for c in comm]
-    peers = [_peer(ctx, op.group, op.link) if k == P2P else (NO_INT,) * 3
-             for op, k in zip(ops, kind, strict=True)]
-    frame = pd.DataFrame({
-        "name": [op.name for op in ops],
-        "start_ns": us_to_ns([op.start_us for op in ops], ctx.where),
-        "dur_ns": np.rint(np.array([op.elapse_ms for op in ops]) * 1e6).astype(np.int64),
-        "group": [op.group for op in ops],
-        "seq": [p.index if p else NO_INT for p in parsed],
-        "comm": comm, "kind": kind, "step": [op.step for op in ops],
-    })
-    frame["peer"], frame["src_rank"], frame["dst_rank"] = np.array(peers, np.int64).reshape(-1, 3).T
-    frame["lane"] = _comm_lane(frame["group"])
-    frame["lane_kind"] = COMM
-    return frame
-
-
-# --- assembly --------------------------------------------------------------------------------
-
-
-def _complete(frame: pd.DataFrame) -> pd.DataFrame:
-    """`frame` with every EVENTS column (defaults where absent), so no concat goes via float."""
-    for column in schema.EVENTS:
-        if column.name not in frame:
-            frame[column.name] = "" if pa.types.is_string(column.type) else NO_INT
-    return frame
-
-
-def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
-    return pd.concat([_complete(f) for f in frames if len(f)] or [_complete(pd.DataFrame())],
-                     ignore_index=True)
-
-
-def _all_steps(frame: pd.DataFrame, steps: _Steps) -> np.ndarray:
-    """The step column: kept where set, else host rows by time, device rows by launch or time."""
-    have = frame["step"].to_numpy(np.int64)
-    start = frame["start_ns"].to_numpy(np.int64)
-    corr = frame["correlation"].to_numpy(np.int64)
-    guess = np.where(frame["lane_kind"] == THREAD, steps.host(start), steps.device(start, corr))
-    marks = _step_numbers(frame["name"])
-    guess = np.where(marks != NO_INT, marks, guess)
-    return np.where(have != NO_INT, have, guess)
-
-
-def _table(frame: pd.DataFrame, rank: int) -> pa.Table:
-    """The EVENTS table, sorted by start time."""
-    frame = frame.sort_values("start_ns", kind="stable", ignore_index=True).assign(rank=rank)
-    columns = {c.name: pa.array(frame[c.name], type=c.type) for c in schema.EVENTS}
-    return schema.events_table(columns, len(frame))
-
-
-def _groups(side: Side, frame: pd.DataFrame) -> list[GroupInfo]:
-    """This rank's groups: `parallel_group_info`, plus groups seen only in op names, whose size
-    comes from the op's `rank_size`, else is at least the group-local ranks its HCCL tasks and
-    communication_matrix.json links name."""
-    groups = side.groups()
-    seen = set(frame["group"].unique())
-    stated = _stated_sizes(frame)
-    local = _local_ranks(frame, side)
-    for group in sorted(seen | {op.group for op in side.ops}):
-        if group and group not in groups:
-            size, source = stated.get(group, 0), "rank_size of its HCCL ops"
-            if not size and local.get(group):
-                size = max(local[group]) + 1
-                source = f"at least: HCCL group-local ranks up to {size - 1} named"
-            groups[group] = GroupInfo(group=group, source=source if size else "op name",
-                                      size=size)
-    return list(groups.values())
-
-
-def _stated_sizes(frame: pd.DataFrame) -> dict[str, int]:
-    """Group -> the `rank_size` its HCCL op events state (newer CANN), when any does."""
-    if "rank_size" not in frame:
-        return {}
-    sizes = frame.loc[frame["rank_size"].fillna(NO_INT) > 0, ["group", "rank_size"]]
-    return {str(g): int(s) for g, s in sizes.groupby("group")["rank_size"].max().items() if g}
-
-
-def _local_ranks(frame: pd.DataFrame, side: Side) -> dict[str, set[int]]:
-    """Group -> the group-local ranks its HCCL tasks (src / dst rank) and matrix links name."""
-    found: dict[str, set[int]] = {g: set(r) for g, r in side.local_ranks.items()}
-    tasks = frame[frame["group"] != ""]
-    for column in ("src_rank", "dst_rank"):
-        valid = tasks[tasks[column] >= 0]
-        for group, ranks in valid.groupby("group")[column]:
-            found.setdefault(str(group), set()).update(int(r) for r in ranks.unique())
-    return found
-
-
-def _meta(files: RankFiles, side: Side, device_pid: int | None) -> dict[str, object]:
-    """RANKS columns (and communication.json's per-op time breakdown under "comm_times")."""
-    versions = ";".join(f"{k.removesuffix('_version')}={v}" for k, v in side.info.items()
-                        if k.endswith("_version") and v)
-    device = side.device if side.device is not None else (
-        device_pid & 0x1F if device_pid and device_pid >= 1 << 10 else None)
-    meta: dict[str, object] = {
-        "framework": _framework(files, side), "format": "ascend", "version": versions,
-        "device": f"npu:{device}" if device is not None else "", "backend": "hccl",
-        "clock_base_ns": 0, "comm_times": [op.times() for op in side.ops],
-    }
-    if side.world_size() is not None:
-        meta["world_size"] = side.world_size()
-    return meta
-
-
-def _framework(files: RankFiles, side: Side) -> str:
-    root = files.root.rstrip("/").rsplit("/", 1)[-1]
-    if root.endswith("_ascend_pt") or "torch_npu_version" in side.info:
-        return "torch_npu"
-    if root.endswith("_ascend_ms") or any(k.startswith(("ms_", "mindspore")) for k in side.info):
-        return "mindspore"
-    if root.startswith("PROF_") or any("mindstudio_profiler_output" in m
-                                       for m in files.files.values()):
-        return "msprof"
-    return ""
 
 
 # --- registration (parsers.formats) ----------------------------------------------------------

@@ -7,6 +7,7 @@ hash (`name@group` keys) and, when a rank has no timeline, the communication ops
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import re
@@ -82,6 +83,8 @@ class Side:
     metadata: _Metadata = field(default_factory=_Metadata)
     ops: list[CommOp] = field(default_factory=list)
     device: int | None = None  # from step_trace_time.csv's Device_id
+    stages_us: dict[int, float] = field(default_factory=dict)  # step -> step_trace_time.csv's
+    # Stage: msprof's step time, first to last device task (µs)
     local_ranks: dict[str, set[int]] = field(default_factory=dict)  # group hash -> the
     # group-local ranks its communication_matrix.json links name
 
@@ -122,23 +125,44 @@ def load_side(files: RankFiles, read: Reader, warnings: list[str]) -> Side:
         stats = _load(files.files["communication"], read, _Communication, warnings) or {}
         side.ops = _comm_ops(stats, _matrix_links(matrix))
     if "step_trace" in files.files:
-        side.device = _device_id(read(files.files["step_trace"]))
+        side.device, side.stages_us = _step_trace(read(files.files["step_trace"]))
     return side
 
 
-def resolve_rank(files: RankFiles, info: dict[str, Any], warnings: list[str]) -> int:
-    """The rank: discovery's hint, else `rank_id` of profiler_info (int or string, -1 = none)."""
+def resolve_rank(files: RankFiles, info: dict[str, Any], warnings: list[str],
+                 source: str = "profiler_info") -> int:
+    """The rank: discovery's hint (a file name, --rank-map), else the `rank_id` that `source`
+    states (int or string, -1 = none); a file handed over on its own that states none is rank 0,
+    with a warning."""
     stated = _int_or_none(info.get("rank_id"))
     stated = None if stated is not None and stated < 0 else stated
     if files.rank is not None:
         if stated is not None and stated != files.rank:
-            warnings.append(f"{files.root}: rank_id {stated} in profiler_info differs from the "
+            warnings.append(f"{files.root}: rank_id {stated} in {source} differs from the "
                             f"rank {files.rank} of its file name; using {files.rank}")
         return files.rank
+    if stated is None and files.root in files.files.values():
+        warnings.append(f"{files.root}: no rank stated (no profiler_info, no rank in its name); "
+                        "taken as rank 0 (--rank-map sets it)")
+        return 0
     if stated is None:
         raise TraceError(f"{files.files.get('info', files.root)}: no rank id "
                          "(no profiler_info_{rank}.json name and no valid rank_id)")
     return stated
+
+
+def stated_metadata(side: Side, values: dict[str, str], where: str, warnings: list[str]) -> None:
+    """`parallel_group_info` / `distributed_args` that a database's META_DATA states (as JSON
+    text), where no profiler_metadata.json stated them."""
+    keys = ("parallel_group_info", "distributed_args")
+    found = {k: values[k] for k in keys if k in values}
+    if not found or side.metadata.parallel_group_info:
+        return
+    doc = "{" + ",".join(f'"{k}":{v}' for k, v in found.items()) + "}"
+    try:
+        side.metadata = msgspec.json.decode(doc, type=_Metadata)
+    except msgspec.DecodeError as err:
+        warnings.append(f"{where}: META_DATA {', '.join(found)} unreadable ({err}); ignored")
 
 
 def _load(member: str, read: Reader, kind: Any, warnings: list[str]) -> Any:
@@ -215,11 +239,18 @@ def _step_number(key: str) -> int:
     return int(match[1]) if match else NO_INT
 
 
-def _device_id(data: bytes) -> int | None:
-    """The `Device_id` of the first row of step_trace_time.csv, if the column exists."""
-    rows = csv.DictReader(io.StringIO(data.decode("utf-8", errors="replace")))
-    row = next(rows, None) or {}
-    return _int_or_none((row.get("Device_id") or "").strip())
+def _step_trace(data: bytes) -> tuple[int | None, dict[int, float]]:
+    """step_trace_time.csv's `Device_id` (first row, if the column exists) and each step's
+    `Stage` (µs)."""
+    rows = list(csv.DictReader(io.StringIO(data.decode("utf-8", errors="replace"))))
+    device = _int_or_none((rows[0].get("Device_id") or "").strip()) if rows else None
+    stages = {}
+    for row in rows:
+        step, stage = _int_or_none((row.get("Step") or "").strip()), row.get("Stage") or ""
+        with contextlib.suppress(ValueError):
+            if step is not None:
+                stages[step] = float(stage)
+    return device, stages
 
 
 def _int_or_none(value: object) -> int | None:

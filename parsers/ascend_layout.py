@@ -3,6 +3,11 @@
 torch_npu and MindSpore write one folder per rank (`*_ascend_pt` / `*_ascend_ms`, holding
 `profiler_info*.json` and `ASCEND_PROFILER_OUTPUT/`); raw msprof output is a `PROF_*` folder with
 `device_*/info.json.*`, on its own or inside such a folder (then it belongs to that folder).
+A folder whose profiler wrote a `.db` export is read by the database parser (`DB_FORMAT`), the
+others by the trace_view.json / msprof_*.json parser, or from kernel_details.csv /
+op_summary_*.csv when they hold no trace. A trace outside any profile folder (one rank's file
+handed over on its own) is a profile by itself; so is a database, found by the database format
+(`sniff_db`).
 """
 
 from __future__ import annotations
@@ -12,25 +17,33 @@ import re
 from collections import defaultdict
 from collections.abc import Collection
 
-from parsers.base import Found, RankFiles, Sniff
+from parsers.base import Found, RankFiles, Sniff, name_rank
 
 NAME = "ascend"
+DB_FORMAT = "ascend_db"  # the format of the profiles whose data is a profiler database
 APO = "ASCEND_PROFILER_OUTPUT"
 LOOKED_FOR = ("*_ascend_pt / *_ascend_ms folders, profiler_info*.json, ASCEND_PROFILER_OUTPUT/, "
-              "PROF_*/device_*/info.json.*")
+              "PROF_*/device_*/info.json.*, a trace_view.json")
 _ASCEND_DIR = re.compile(r"_ascend_(?:pt|ms)$")
 _IN_PROFILE = re.compile(rf"(?:^|/)(?:{APO}|[^/]*_ascend_(?:pt|ms))/")  # a folder on the path
 _PROFILER_INFO = re.compile(r"^profiler_info(?:_(\d+))?\.json$")
 _RAW_INFO = re.compile(r"(?:^|/)device_\d+/info\.json\.\d+$")  # in a PROF_* folder
 _RANK_ID = re.compile(rb'"rank_id"\s*:\s*"?(-?\d+)')
 _APO_ROLES = {"trace_view.json": "trace", "communication.json": "communication",
-              "communication_matrix.json": "matrix", "step_trace_time.csv": "step_trace"}
+              "communication_matrix.json": "matrix", "step_trace_time.csv": "step_trace",
+              "kernel_details.csv": "kernels"}
+DB_NAME = re.compile(r"(?:^|/)(?:ascend_(?:pytorch|mindspore)_profiler(?:_(\d+))?|msprof_\d+)\.db$")
+_APO_DB = re.compile(rf"^{APO}/ascend_(?:pytorch|mindspore)_profiler(?:_\d+)?\.db$")
 _RAW = r"^(?:PROF_[^/]*/)?"  # raw msprof files sit in the profile folder or one PROF_* below
 _RAW_TRACE = re.compile(_RAW + r"mindstudio_profiler_output/msprof_[^/]*\.json$")
 _RAW_SIDES = ((re.compile(_RAW + r"analyze/communication\.json$"), "communication"),
               (re.compile(_RAW + r"analyze/communication_matrix\.json$"), "matrix"),
-              (re.compile(_RAW + r"device_\d+/info\.json\.\d+$"), "info"))
-_DATA_ROLES = ("trace", "communication", "matrix", "step_trace")
+              (re.compile(_RAW + r"device_\d+/info\.json\.\d+$"), "info"),
+              (re.compile(_RAW + r"msprof_\d+\.db$"), "db"),
+              (re.compile(_RAW + r"mindstudio_profiler_output/op_summary_[^/]*\.csv$"), "kernels"))
+_DATA_ROLES = ("trace", "communication", "matrix", "step_trace", "db", "kernels")
+_SQLITE = b"SQLite format 3\x00"
+_ASCEND_TRACE = re.compile(rb'^\s*\[\s*\{.*?(?:"ts"\s*:\s*"\d+\.\d+"|"Ascend Hardware")', re.S)
 
 
 def recognizes(folder: str, items: Collection[str]) -> bool:
@@ -42,15 +55,36 @@ def recognizes(folder: str, items: Collection[str]) -> bool:
 
 
 def wants(name: str) -> bool:
-    """Raw msprof `device_*/info.json.*` files: their first bytes state the rank."""
-    return bool(_RAW_INFO.search(name))
+    """Raw msprof `device_*/info.json.*` files (their first bytes state the rank), and JSON
+    files outside profile folders (one may be a rank's trace on its own)."""
+    alone = name.lower().endswith(".json") and not _IN_PROFILE.search(name)
+    return alone or bool(_RAW_INFO.search(name))
 
 
 def sniff(name: str, head: bytes) -> Sniff:
-    """The `rank_id` an info.json.N states (-1, msprof's "unknown", gives None)."""
-    found = _RANK_ID.search(head)
-    rank = int(found.group(1)) if found else -1
-    return Sniff(False, rank if rank >= 0 else None)
+    """The `rank_id` an info.json.N states (-1, msprof's "unknown", gives None); whether a JSON
+    file is an Ascend trace (a JSON array of events with decimal-string `ts`, or with the
+    "Ascend Hardware" layer), and the rank its name states."""
+    if _RAW_INFO.search(name):
+        found = _RANK_ID.search(head)
+        rank = int(found.group(1)) if found else -1
+        return Sniff(False, rank if rank >= 0 else None)
+    return Sniff(bool(_ASCEND_TRACE.match(head)), name_rank(name))
+
+
+def wants_db(name: str) -> bool:
+    """Databases: their first page says whether they are a profiler's."""
+    return name.lower().endswith(".db")
+
+
+def sniff_db(name: str, head: bytes) -> Sniff:
+    """Whether a database is an Ascend profiler's (its name, even if damaged: the parser says
+    what is wrong; or an SQLite file whose schema, on its first page, has a TASK table), and the
+    rank its name states."""
+    named = DB_NAME.search(name)
+    profile = bool(named) or (head.startswith(_SQLITE) and b"CREATE TABLE TASK" in head)
+    rank = named.group(1) if named else None
+    return Sniff(profile, int(rank) if rank else name_rank(name))
 
 
 def encloses(name: str) -> bool:
@@ -67,7 +101,14 @@ def find(names: list[str], sniffs: dict[str, Sniff], label: str, notes: list[str
         owner = _owner(name, roots)
         (loose if owner is None else owned[owner]).append(name)
     found = [p for root in sorted(owned) if (p := _profile(root, owned[root], sniffs, notes))]
-    return _latest_per_rank(found, notes), loose
+    alone = [name for name in loose if name in sniffs and sniffs[name].profile]
+    found += [_single(name, sniffs[name]) for name in alone]
+    return _latest_per_rank(found, notes), [name for name in loose if name not in alone]
+
+
+def _single(name: str, said: Sniff) -> RankFiles:
+    """One rank's trace handed over on its own."""
+    return RankFiles(NAME, name, {"trace": name}, said.rank)
 
 
 def _profile_roots(names: list[str], label: str) -> dict[str, bool]:
@@ -111,6 +152,8 @@ def _profile(root: str, names: list[str], sniffs: dict[str, Sniff],
     if any(sub.startswith(APO + "/") for sub in rel):
         files |= {role: rel[f"{APO}/{base}"] for base, role in _APO_ROLES.items()
                   if f"{APO}/{base}" in rel}
+        db = next((rel[sub] for sub in sorted(rel) if _APO_DB.match(sub)), None)
+        files |= {"db": db} if db else {}
     else:
         files = _raw_roles(rel) | files
     display = root or "."
@@ -118,7 +161,17 @@ def _profile(root: str, names: list[str], sniffs: dict[str, Sniff],
         notes.append(f"{display}: Ascend profile folder without trace or communication data; "
                      "skipped")
         return None
-    return RankFiles(NAME, display, files, _rank(info, names, sniffs))
+    files = _timeline(files)
+    return RankFiles(DB_FORMAT if "db" in files else NAME, display, files,
+                     _rank(info, names, sniffs))
+
+
+def _timeline(files: dict[str, str]) -> dict[str, str]:
+    """`files` less the timelines that will not be read: a database holds all a trace does, a
+    trace all the kernel table does."""
+    unread = ("trace", "kernels") if "db" in files else ("kernels",) if "trace" in files else ()
+    return {role: member for role, member in files.items()
+            if role.partition(".")[0] not in unread}
 
 
 def _raw_roles(rel: dict[str, str]) -> dict[str, str]:
@@ -137,7 +190,8 @@ def _rank(info: str | None, names: list[str], sniffs: dict[str, Sniff]) -> int |
     found = _PROFILER_INFO.match(info or "")
     if found and found.group(1):
         return int(found.group(1))
-    stated = (sniffs[name].rank for name in names if name in sniffs)
+    stated = (sniffs[name].rank for name in names
+              if name in sniffs and (_RAW_INFO.search(name) or DB_NAME.search(name)))
     return next((rank for rank in stated if rank is not None), None)
 
 

@@ -9,12 +9,19 @@ together; `parsers.formats.FORMATS` lists them.
 
 from __future__ import annotations
 
+import posixpath
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:  # kept out of the import: `TraceError` alone must not load pyarrow
     import pyarrow as pa
+
+
+# Only explicit rank words: never a bare number, which in trace file names is a pid or a timestamp.
+_NAME_RANK = re.compile(r"(?:^|[^a-z0-9])(?:rank|worker)[-_]?(\d+)", re.I)
 
 
 class TraceError(Exception):
@@ -59,6 +66,13 @@ Reader = Callable[[str], bytes]
 """Returns the (decompressed) bytes of a bundle member."""
 
 
+def local_path(read: Reader, member: str) -> Path | None:
+    """The file on disk that is `member` byte for byte, when `read` can name one (a directory's
+    member, see `parsers.bundle.MemberReader`); None for an archive's or a compressed member."""
+    locate = getattr(read, "local_path", None)
+    return locate(member) if locate is not None else None
+
+
 class Sniff(NamedTuple):
     """What a member's first bytes told its format while the bundle was listed."""
 
@@ -95,3 +109,9 @@ class Format:
     # may be one such file; unclaimed members so named are reported as ignored)
     find: Finder | None = None  # None: each member `sniff` calls a profile is one rank
     encloses: Callable[[str], bool] = _never  # by its path, the member lies in one of its profiles
+
+
+def name_rank(name: str) -> int | None:
+    """The rank a file name states (`rank3`, `rank-3`, `rank_3`, `worker3`), else None."""
+    found = _NAME_RANK.search(posixpath.basename(name))
+    return int(found.group(1)) if found else None

@@ -8,17 +8,12 @@ the members the earlier ones left. Members are read in place through `parsers.ar
 
 from __future__ import annotations
 
-import posixpath
-import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from parsers import formats
 from parsers.archive import ARCHIVE_SUFFIXES, Limits, Source, open_source
-from parsers.base import Format, Found, RankFiles, Sniff, TraceError
-
-# Only explicit rank words: never a bare number, which in trace file names is a pid or a timestamp.
-_NAME_RANK = re.compile(r"(?:^|[^a-z0-9])(?:rank|worker)[-_]?(\d+)", re.I)
+from parsers.base import Format, Found, RankFiles, Sniff, TraceError, name_rank
 
 Sniffs = dict[str, dict[str, Sniff]]  # member -> format name -> what its first bytes said
 
@@ -31,11 +26,9 @@ class Bundle:
         self.profiles = profiles
         self.warnings = source.warnings  # read-time warnings (truncated members) land here too
         self.random_access = source.random_access
-        self._source = source
-
-    def read(self, member: str) -> bytes:
+        self.read = MemberReader(source)
         """The decompressed bytes of one member (a tar is rescanned: use `stream` for many)."""
-        return self._source.read(member)
+        self._source = source
 
     def stream(self, members: set[str]) -> Iterator[tuple[str, bytes]]:
         """(member, bytes) of the requested members, in archive order, in one pass."""
@@ -56,6 +49,22 @@ class Bundle:
         self.close()
 
 
+class MemberReader:
+    """`read(member) -> bytes` over a bundle's source; `local_path(member)` names the file that
+    holds a member unchanged, where there is one (a directory's), for readers such as SQLite that
+    need a file."""
+
+    def __init__(self, source: Source) -> None:
+        self._source = source
+
+    def __call__(self, member: str) -> bytes:
+        return self._source.read(member)
+
+    def local_path(self, member: str) -> Path | None:
+        """The file on disk that is this member byte for byte, else None."""
+        return self._source.local_path(member)
+
+
 def open_bundle(path: str | Path, limits: Limits | None = None) -> Bundle:
     """Discover the rank profiles under `path`; TraceError if it is missing, unknown or empty."""
     path = Path(path)
@@ -74,8 +83,9 @@ def open_bundle(path: str | Path, limits: Limits | None = None) -> Bundle:
 
 
 def _nothing_found(path: Path) -> TraceError:
-    kinds = " or ".join(fmt.name.capitalize() for fmt in formats.FORMATS)
-    looked_for = ", ".join(fmt.looked_for for fmt in formats.FORMATS)
+    families = dict.fromkeys(fmt.name.partition("_")[0].capitalize() for fmt in formats.FORMATS)
+    kinds = " or ".join(families)
+    looked_for = ", ".join(fmt.looked_for for fmt in formats.FORMATS if fmt.looked_for)
     return TraceError(f"{path}: no {kinds} profile found (looked for {looked_for})")
 
 
@@ -114,12 +124,6 @@ def _sniff(name: str, head: bytes) -> dict[str, Sniff]:
     return {fmt.name: fmt.sniff(name, head) for fmt in _readers(name)}
 
 
-def name_rank(name: str) -> int | None:
-    """The rank a file name states (`rank3`, `rank-3`, `rank_3`, `worker3`), else None."""
-    found = _NAME_RANK.search(posixpath.basename(name))
-    return int(found.group(1)) if found else None
-
-
 # -- discovery -----------------------------------------------------------------------------------
 def discover(names: list[str], sniffs: Sniffs,
              label: str = "") -> tuple[list[RankFiles], list[str]]:
@@ -131,12 +135,21 @@ def discover(names: list[str], sniffs: Sniffs,
         found, names = (fmt.find(names, seen, label, notes) if fmt.find else
                         _one_file_profiles(fmt, names, seen))
         profiles += found
-    ignored = [name for name in names if name.lower().endswith(_suffixes())]
-    if ignored:
+    for kind, ignored in _ignored(names).items():
         shown = ", ".join(ignored[:5]) + (", ..." if len(ignored) > 5 else "")
-        notes.append(f"ignored {len(ignored)} JSON file(s) that are not profiles: {shown}")
+        notes.append(f"ignored {len(ignored)} {kind} file(s) that are not profiles: {shown}")
     profiles.sort(key=lambda p: (p.rank is None, p.rank or 0, p.root))
     return profiles, notes
+
+
+def _ignored(names: list[str]) -> dict[str, list[str]]:
+    """The members left over that are named like one-file profiles, by kind (JSON, database)."""
+    found: dict[str, list[str]] = {}
+    for name in names:
+        if name.lower().endswith(_suffixes()):
+            kind = "database" if name.lower().endswith(".db") else "JSON"
+            found.setdefault(kind, []).append(name)
+    return found
 
 
 def _one_file_profiles(fmt: Format, names: list[str], sniffs: dict[str, Sniff]) -> Found:

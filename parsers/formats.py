@@ -7,12 +7,13 @@ format is one module defining `FORMAT = parsers.base.Format(...)` plus one line 
 
 from __future__ import annotations
 
-from parsers import ascend, kineto
+from parsers import ascend, ascend_db, kineto
 from parsers.base import Format
 
 FORMATS: tuple[Format, ...] = (
     ascend.FORMAT,
     kineto.FORMAT,
+    ascend_db.FORMAT,
 )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 import tracegraph
@@ -57,29 +58,46 @@ def ddp8(real: Path, tmp_path_factory) -> Analysis:
     return analyze(tracegraph.load(real / "ascend/torch_npu_ddp8_level1", cache_dir=cache))
 
 
-def test_each_long_event_wait_is_matched_to_its_allreduce(ddp8: Analysis) -> None:
-    frame, matches = ddp8.ops.frame, ddp8.matches
-    prev = ddp8.ops.lane_prev()
-    waits = frame[(frame["kind"] == schema.WAIT) & (frame["end"] - frame["start"] > 1e6)]
-    assert len(waits) == 8  # four work.wait() stalls per rank (65.6, 2.1, 2.1, 21.9 ms), by hand
-    for i, row in waits.iterrows():
+def long_waits(analysis: Analysis) -> pd.DataFrame:
+    """The ops of the stream waits longer than 1 ms."""
+    frame = analysis.ops.frame
+    return frame[(frame["kind"] == schema.WAIT) & (frame["end"] - frame["start"] > 1e6)]
+
+
+def assert_released_by_allreduces(analysis: Analysis, prefix: str) -> None:
+    """Each long wait matched by the timing rule to a record on another stream, right after an
+    all-reduce named `prefix...` (back-to-back records are equivalent), within 5 µs."""
+    frame, matches, prev = analysis.ops.frame, analysis.matches, analysis.ops.lane_prev()
+    for i, row in long_waits(analysis).iterrows():
         record = matches.dep[i]
         assert matches.how[i] == "timing" and frame.at[record, "kind"] == schema.RECORD
         assert frame.at[record, "stream"] != row["stream"]
         producer = prev[record]
-        while frame.at[producer, "kind"] == schema.RECORD:  # back-to-back records: equivalent
+        while frame.at[producer, "kind"] == schema.RECORD:
             producer = prev[producer]
-        assert frame.at[producer, "name"].startswith("hcom_allReduce__586_")
+        assert frame.at[producer, "name"].startswith(prefix)
         assert 0 <= row["end"] - frame.at[producer, "end"] < 5_000
 
 
+def assert_clocks_aligned(analysis: Analysis) -> None:
+    """Two ranks whose same collective ends ≈1-80 µs apart (a clock offset, README): the offset
+    is estimated, and removing it ends every matched instance within 10 µs."""
+    offset = analysis.offsets[1] - analysis.offsets[0]
+    assert 1_000 < abs(offset) < 80_000
+    frame = analysis.ops.frame
+    for ops in analysis.matches.instances["ops"]:
+        ends = [frame.at[i, "end"] - analysis.offsets[int(frame.at[i, "rank"])] for i in ops]
+        assert max(ends) - min(ends) < 10_000
+
+
+def test_each_long_event_wait_is_matched_to_its_allreduce(ddp8: Analysis) -> None:
+    assert len(long_waits(ddp8)) == 8  # four work.wait() stalls per rank (65.6, 2.1, 2.1,
+    # 21.9 ms), by hand
+    assert_released_by_allreduces(ddp8, "hcom_allReduce__586_")
+
+
 def test_clock_offset_between_the_two_ranks(ddp8: Analysis) -> None:
-    offset = ddp8.offsets[1] - ddp8.offsets[0]
-    assert 1_000 < abs(offset) < 80_000  # README: the same collective ends within ≈80 µs
-    frame = ddp8.ops.frame
-    for ops in ddp8.matches.instances["ops"]:
-        ends = [frame.at[i, "end"] - ddp8.offsets[int(frame.at[i, "rank"])] for i in ops]
-        assert max(ends) - min(ends) < 10_000  # aligned: the allreduce ends together
+    assert_clocks_aligned(ddp8)
 
 
 def test_long_waits_are_charged_to_the_allreduce(ddp8: Analysis) -> None:

@@ -6,11 +6,13 @@ Known answers for the real trees were read by hand:
 - ascend/*: `find <set> -type f | sort` lists, for every rank folder, `profiler_info_{r}.json`,
   `profiler_metadata.json` and ASCEND_PROFILER_OUTPUT/{communication.json,
   communication_matrix.json, step_trace_time.csv}; only torch_npu_ddp8_level1 also has
-  ASCEND_PROFILER_OUTPUT/trace_view.json (none of the four pp2dp2 ranks has it).
+  ASCEND_PROFILER_OUTPUT/trace_view.json (none of the four pp2dp2 ranks has it); pp2dp2 ranks 0
+  and 2 hold ASCEND_PROFILER_OUTPUT/kernel_details.csv, ranks 1 and 3 do not.
 - ascend/torch_npu_2023_comm: test_rank_{0,1} hold profiler_info_{r}.json and
-  ASCEND_PROFILER_OUTPUT/{communication,communication_matrix}.json + step_trace_time.csv, no
-  profiler_metadata.json; `find . -name '*.json' -not -path './test_rank_*'` lists 6 other JSON
-  files (3 in cluster_analysis_output/, 2 in communication_group/, metadata/profiler_metadata.json).
+  ASCEND_PROFILER_OUTPUT/{communication,communication_matrix}.json + step_trace_time.csv +
+  kernel_details.csv, no profiler_metadata.json; `find . -name '*.json' -not -path
+  './test_rank_*'` lists 6 other JSON files (3 in cluster_analysis_output/, 2 in
+  communication_group/, metadata/profiler_metadata.json).
 - kineto/hta: a one-off script (gunzip, `bytes.find(b'"distributedInfo"')`) shows
   cpu_only/rank-34.*.json.gz stating `"rank": 34` at byte 56, trace_filter/sampled_rank-1 stating
   `"rank": 1` at byte 41, and distributed_info_unavailable/*.json.gz holding no distributedInfo.
@@ -96,7 +98,7 @@ def test_pp2dp2_has_four_ascend_ranks_without_trace_view():
     assert [(p.format, p.root, p.rank) for p in bundle.profiles] == [
         ("ascend", f"rank_{r}_ascend_pt", r) for r in range(4)]
     for r, profile in enumerate(bundle.profiles):
-        assert set(profile.files) == ROLES_APO
+        assert set(profile.files) == ROLES_APO | ({"kernels"} if r in (0, 2) else set())
         assert profile.files["info"] == f"rank_{r}_ascend_pt/profiler_info_{r}.json"
         assert profile.files["matrix"] == (f"rank_{r}_ascend_pt/ASCEND_PROFILER_OUTPUT/"
                                            "communication_matrix.json")
@@ -127,7 +129,8 @@ def test_one_ascend_folder_as_the_bundle():
 def test_2023_comm_folders_found_by_profiler_info_and_other_json_reported():
     bundle = open_bundle(real("ascend/torch_npu_2023_comm"))
     assert [(p.root, p.rank, set(p.files)) for p in bundle.profiles] == [
-        (f"test_rank_{r}", r, {"communication", "matrix", "step_trace", "info"}) for r in (0, 1)]
+        (f"test_rank_{r}", r, {"communication", "matrix", "step_trace", "info", "kernels"})
+        for r in (0, 1)]
     assert len(bundle.warnings) == 1
     assert bundle.warnings[0].startswith("ignored 6 JSON file(s) that are not profiles: ")
 

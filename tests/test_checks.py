@@ -46,7 +46,7 @@ MS = 1_000_000
 JUNIT_XSD = REPO / "tests" / "data" / "junit.xsd"
 GLOO = REAL / "kineto" / "gloo_pp2_dp2"
 DDP = REAL / "ascend" / "torch_npu_ddp8_level1"
-COMM_ONLY = REAL / "ascend" / "torch_npu_pp2dp2_level2_comm"  # communication.json only
+PP2DP2 = REAL / "ascend" / "torch_npu_pp2dp2_level2_comm"
 SEED = "hsdp-async-reduction"
 
 
@@ -115,6 +115,19 @@ def sim_dir() -> Path:
     """A folder for the simulated bundles, removed when the test process exits."""
     folder = Path(tempfile.mkdtemp(prefix="tracegraph-sim-"))
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
+
+
+@functools.cache
+def comm_only() -> Path:
+    """The real pp2dp2 level-2 folder without its kernel_details.csv: every rank has only its
+    communication.json ops, no compute timeline."""
+    folder = sim_dir() / "comm_only"
+    for path in PP2DP2.rglob("*"):
+        if path.is_file() and path.name != "kernel_details.csv":
+            copy = folder / path.relative_to(PP2DP2)
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            copy.write_bytes(path.read_bytes())
     return folder
 
 
@@ -315,7 +328,7 @@ def test_checks_on_a_bundle_without_timeline_are_not_applicable() -> None:
     # is nothing to overlap with, and no main lane to wait on
     overlap, pp_wait, *seed = evaluate([_rule("min_overlap", dim="dp"),
                                         _rule("max_group_wait", dim="pp", ms=1), *preset(SEED)],
-                                       analyze(load(COMM_ONLY, jobs=1, use_cache=False)))
+                                       analyze(load(comm_only(), jobs=1, use_cache=False)))
     assert [r.status for r in (overlap, pp_wait, *seed)] == [NOT_APPLICABLE] * 5
     assert overlap.reason == pp_wait.reason == "no compute timeline in this bundle"
     wait, late, seed_overlap = seed
@@ -470,8 +483,8 @@ def test_check_command_not_applicable_fails_nothing(tmp_path: Path) -> None:
 
 def test_check_command_when_no_check_applies(tmp_path: Path) -> None:
     md, xml, cache = tmp_path / "check.md", tmp_path / "check.xml", tmp_path / "cache"
-    run = run_cli("check", COMM_ONLY, "--preset", SEED, "--json", "--markdown", md, "--junit", xml,
-                  "--cache-dir", cache)
+    run = run_cli("check", comm_only(), "--preset", SEED, "--json", "--markdown", md, "--junit",
+                  xml, "--cache-dir", cache)
     assert run.exit_code == 1, run.output  # a gate that verified nothing is not a pass
     report = json.loads(run.stdout)
     assert report["nothing_verified"] and not report["passed"]
@@ -487,7 +500,7 @@ def test_check_command_when_no_check_applies(tmp_path: Path) -> None:
     assert skipped(suite) == {c["name"]: c["reason"] for c in report["checks"]}
     [failed] = [c for c in suite["testcase"] if "failure" in c]
     assert failed["@name"] == "checks applicable"
-    allowed = run_cli("check", COMM_ONLY, "--preset", SEED, "--allow-not-applicable",
+    allowed = run_cli("check", comm_only(), "--preset", SEED, "--allow-not-applicable",
                       "--junit", xml, "--cache-dir", cache)
     assert allowed.exit_code == 0, allowed.output
     assert "no check applies: 3 of 3 not applicable" in allowed.stdout

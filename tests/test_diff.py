@@ -20,8 +20,8 @@ import pytest
 from tests.conftest import REAL
 from tests.test_blame_chain import mini_seed_trace
 from tests.test_checks import (
-    COMM_ONLY,
     SEED,
+    comm_only,
     mini_async_trace,
     run_cli,
     sim_analysis,
@@ -121,7 +121,7 @@ def test_terminal_output_names_the_verdict_and_chains(tmp_path: Path) -> None:
 
 def test_diff_whose_checks_all_are_not_applicable(tmp_path: Path) -> None:
     md, xml = tmp_path / "diff.md", tmp_path / "diff.xml"
-    args = (COMM_ONLY, COMM_ONLY, "--preset", SEED, "--markdown", md, "--junit", xml)
+    args = (comm_only(), comm_only(), "--preset", SEED, "--markdown", md, "--junit", xml)
     run, report = diff_json(*args, tmp=tmp_path)
     assert run.exit_code == 1 and report["verdict"] == "unchanged"  # only the checks gate
     assert report["nothing_verified"] and not report["passed"]

@@ -99,20 +99,27 @@ def test_ascend_recognizes_by_folder_name_and_items(folder, held, answer):
 
 
 def test_ascend_refuses_kineto_files():
-    for trace in files_under("kineto/gloo_pp2_dp2"):
+    """Ascend sees the first bytes of a JSON file outside any profile folder (a bare trace may
+    be one rank's), and refuses every Kineto trace."""
+    for trace in files_under("kineto"):
         assert not ascend.recognizes(trace.name, set())
-        assert not ascend.FORMAT.wants(trace.name)
+        assert not ascend.FORMAT.sniff(trace.name, head(trace)).profile
+    bare = real("ascend/msprof_analyze_single/test/ut/advisor/timeline_advice/trace_view.json")
+    assert ascend.FORMAT.sniff(bare.name, head(bare)).profile
 
 
 @pytest.mark.parametrize("fmt", formats.FORMATS, ids=lambda fmt: fmt.name)
 def test_registered_alone_each_format_finds_only_its_own(monkeypatch, fmt):
     own, other = {"kineto": ("kineto/gloo_pp2_dp2", "ascend/torch_npu_ddp8_level1"),
-                  "ascend": ("ascend/torch_npu_ddp8_level1", "kineto/gloo_pp2_dp2")}[fmt.name]
+                  "ascend": ("ascend/torch_npu_ddp8_level1", "kineto/gloo_pp2_dp2"),
+                  "ascend_db": ("ascend/torch_npu_ddp8_db_level1", "ascend/torch_npu_ddp8_level1"),
+                  }[fmt.name]
     monkeypatch.setattr(formats, "FORMATS", (fmt,))
     found = open_bundle(real(own)).profiles
     assert {p.format for p in found} == {fmt.name}
     assert sorted(p.rank for p in found) == ([0, 1, 2, 3] if fmt.name == "kineto" else [0, 1])
-    with pytest.raises(TraceError, match=f"no {fmt.name.capitalize()} profile found"):
+    family = fmt.name.partition("_")[0].capitalize()  # the database format is Ascend's too
+    with pytest.raises(TraceError, match=f"no {family} profile found"):
         open_bundle(real(other))
 
 

@@ -78,6 +78,30 @@ def test_seed_wait_and_its_chain(fmt: str, tmp_path: Path) -> None:
     assert "members of group" in wait.root.note and "absent from the bundle" in wait.root.note
 
 
+def test_the_db_export_gives_the_seed_chain_of_the_text_export(tmp_path: Path) -> None:
+    """The same simulated job written as trace_view.json and as the profiler's .db export: the
+    analysis finds the same bubbles, chains, categories, clock offsets and critical paths."""
+    timeline = simulate("hsdp-straggler-sync", seed=0)
+    text, db = (analyze(tracegraph.load(write_bundle(timeline, tmp_path / layout, "ascend",
+                                                     layout), use_cache=False))
+                for layout in ("text", "db"))
+    assert set(db.trace.ranks["format"]) == {"ascend_db"}
+
+    def bubbles(analysis: Analysis) -> list[tuple]:
+        return [(b.rank, b.lane, b.start, b.end, b.category, tuple(b.chain()), b.sureness,
+                 tuple(sorted(b.by_category().items()))) for b in analysis.bubbles]
+
+    assert bubbles(db) == bubbles(text) and len(bubbles(db)) > 100
+    assert db.offsets == text.offsets
+    assert {s: [(p.rank, p.name, p.start, p.end) for p in path]
+            for s, path in db.critical_paths.items()} == {
+        s: [(p.rank, p.name, p.start, p.end) for p in path]
+        for s, path in text.critical_paths.items()}
+    wait = max((b for b in db.bubbles if b.rank == 4096), key=lambda b: b.dur)
+    assert wait.lane == "stream 47" and wait.chain() == [4096, 8192, 12288]
+    assert wait.category == causes.DP_REDUCTION and abs(wait.dur / 1e6 - 474.035) < 3.0
+
+
 @pytest.mark.parametrize("fmt", ["ascend", "kineto"])
 def test_async_fix_removes_the_chain(fmt: str, tmp_path: Path) -> None:
     analysis, _ = analysed(f"hsdp-straggler-async-{fmt}", tmp_path)

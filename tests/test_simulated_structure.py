@@ -5,7 +5,9 @@ and value types must all occur in the real files; so must thread-name patterns, 
 of communication*.json, profiler_info / profiler_metadata and the CSV columns. The only allowed
 differences are listed in the `*_DOCUMENTED` tables, each with the document that states it:
 MindSpore's own names (the simulator writes `*_ascend_ms`, the real Ascend files are torch_npu's)
-and the fields torch 2.12 / 2.13 added after the real Kineto fixtures were recorded.
+and the fields torch 2.12 / 2.13 added after the real Kineto fixtures were recorded. The
+simulated `.db` export is held to the real torch_npu databases table by table: every table and
+column it writes, with the same declared type, and the strings its type columns name.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import gzip
 import io
 import json
 import re
+import sqlite3
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from decimal import Decimal
@@ -23,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from tests.test_simulate_writers import hand_timeline, materialize
-from tracegraph.simulate import write_ascend, write_kineto
+from tracegraph.simulate import write_ascend, write_ascend_db, write_kineto
 
 ASCEND_DOCUMENTED = {  # simulated (MindSpore) -> real (torch_npu) equivalent; ascend.md §2.2, §2.6
     "MindSpore": "Python",  # framework layer: TimelineLayerName.MINDSPORE vs torch_npu's Python
@@ -272,6 +275,121 @@ def test_step_trace_time_columns_match_real(sim_ascend, real):
         if path.endswith("step_trace_time.csv"):
             header = next(csv.reader(io.StringIO(data.decode())))
             assert set(header) <= real_columns and "Device_id" in header
+
+
+# --- Ascend .db export ---------------------------------------------------------------------------
+
+ASCEND_DB_READ = {"STRING_IDS", "TASK", "COMPUTE_TASK_INFO", "COMMUNICATION_OP",
+                  "COMMUNICATION_TASK_INFO", "CANN_API", "STEP_TIME", "RANK_DEVICE_MAP",
+                  "META_DATA", "ENUM_API_TYPE", "ENUM_HCCL_DATA_TYPE"}  # what the parser reads
+
+
+def db_schema(path: Path) -> dict[str, dict[str, str]]:
+    """Table -> column -> declared type of an SQLite file."""
+    uri = path.resolve().as_uri() + "?mode=ro&immutable=1"
+    with sqlite3.connect(uri, uri=True) as conn:
+        tables = [n for (n,) in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+        return {t: {c[1]: c[2].upper() for c in conn.execute(f"PRAGMA table_info('{t}')")}
+                for t in tables}
+
+
+def db_strings(path: Path, table: str, column: str) -> set[str]:
+    """The STRING_IDS values a table's id column names."""
+    uri = path.resolve().as_uri() + "?mode=ro&immutable=1"
+    with sqlite3.connect(uri, uri=True) as conn:
+        return {v for (v,) in conn.execute(f"SELECT DISTINCT s.value FROM {table} x "
+                                           f"JOIN STRING_IDS s ON s.id = x.{column}")}
+
+
+def schema_extra(sim: dict[str, dict[str, str]], real: dict[str, dict[str, str]]) -> list[str]:
+    """Every table, column or declared type of `sim` that `real` lacks, one line each."""
+    found = []
+    for table, columns in sim.items():
+        if table not in real:
+            found.append(f"table {table} absent from the real files")
+            continue
+        for column, kind in columns.items():
+            if column not in real[table]:
+                found.append(f"{table}.{column} absent from the real files")
+            elif kind != real[table][column]:
+                found.append(f"{table}.{column} is {kind}, real {real[table][column]}")
+    return found
+
+
+@pytest.fixture(scope="module")
+def real_dbs(real: Path) -> list[Path]:
+    folder = ascend_real(real) / "torch_npu_ddp8_db_level1"
+    paths = sorted(folder.glob("rank*_ascend_pt/ASCEND_PROFILER_OUTPUT/ascend_pytorch_*.db"))
+    assert len(paths) == 2
+    return paths
+
+
+@pytest.fixture(scope="module")
+def sim_dbs(tmp_path_factory) -> list[Path]:
+    folder = tmp_path_factory.mktemp("simdb")
+    files = materialize(write_ascend_db.iter_files(hand_timeline()))
+    paths = []
+    for path, data in files.items():
+        if path.endswith(".db"):
+            paths.append(folder / path.replace("/", "_"))
+            paths[-1].write_bytes(data)
+    assert len(paths) == 4
+    assert not any(p.endswith(("trace_view.json", "communication.json")) for p in files)
+    return paths
+
+
+def union(schemas: list[dict[str, dict[str, str]]]) -> dict[str, dict[str, str]]:
+    merged: dict[str, dict[str, str]] = defaultdict(dict)
+    for one in schemas:
+        for table, columns in one.items():
+            merged[table] |= columns
+    return dict(merged)
+
+
+def test_ascend_db_tables_have_nothing_the_real_ones_lack(sim_dbs, real_dbs):
+    real = union([db_schema(p) for p in real_dbs])
+    for path in sim_dbs:
+        sim = db_schema(path)
+        assert schema_extra(sim, real) == []
+        assert set(sim) >= ASCEND_DB_READ  # the comparison covered every table the parser reads
+
+
+def test_the_db_structure_diff_catches_what_real_files_lack(sim_dbs, real_dbs):
+    sim = db_schema(sim_dbs[0])
+    sim["TASK"]["eventId"] = "INTEGER"  # what no real export has
+    sim["COMMUNICATION_OP"]["count"] = "INTEGER"  # real: NUMERIC
+    assert schema_extra(sim, union([db_schema(p) for p in real_dbs])) == [
+        "TASK.eventId absent from the real files",
+        "COMMUNICATION_OP.count is INTEGER, real NUMERIC"]
+
+
+@pytest.mark.parametrize(("table", "column"), [
+    ("TASK", "taskType"), ("COMMUNICATION_TASK_INFO", "taskType"),
+    ("COMMUNICATION_OP", "opType"), ("COMMUNICATION_OP", "algType"), ("CANN_API", "name")])
+def test_ascend_db_strings_are_real_ones(sim_dbs, real_dbs, table, column, real):
+    """The task types, HCCL op and task types and CANN API names the simulated databases use
+    all occur in the real ones (kernel and op names are the text writer's, checked there). The
+    real databases hold only all-reduces: HCCL op types are also taken from the `Type` of the
+    real pp2dp2 kernel_details.csv's COMMUNICATION rows (batchSendRecv, allGather, ...)."""
+    known = set().union(*(db_strings(p, table, column) for p in real_dbs))
+    if (table, column) == ("COMMUNICATION_OP", "opType"):
+        folder = ascend_real(real) / "torch_npu_pp2dp2_level2_comm"
+        for path in folder.glob("rank_*/*/kernel_details.csv"):
+            rows = csv.DictReader(io.StringIO(path.read_text()))
+            known |= {r["Type"] for r in rows if r["Accelerator Core"] == "COMMUNICATION"}
+    sim = set().union(*(db_strings(p, table, column) for p in sim_dbs))
+    if (table, column) == ("CANN_API", "name"):
+        sim = {re.sub(r"^(aclnn|hcom_)\w+$", r"\1*", s) for s in sim}
+        known = {re.sub(r"^(aclnn|hcom_)\w+$", r"\1*", s) for s in known}
+    assert sim and sim <= known
+
+
+def test_ascend_db_times_are_ns_since_the_epoch(sim_dbs, real_dbs):
+    for path in [*sim_dbs, *real_dbs]:
+        uri = path.resolve().as_uri() + "?mode=ro&immutable=1"
+        with sqlite3.connect(uri, uri=True) as conn:
+            low, high = conn.execute("SELECT MIN(startNs), MAX(endNs) FROM TASK").fetchone()
+        assert 1.6e18 < low <= high < 1.9e18
 
 
 # --- Kineto ------------------------------------------------------------------------------------

@@ -91,7 +91,7 @@ RANKS = pa.schema(
     [
         ("rank", pa.int32()),
         ("framework", pa.string()),  # "pytorch", "torch_npu", "mindspore", "msprof"
-        ("format", pa.string()),  # "kineto" or "ascend"
+        ("format", pa.string()),  # "kineto", "ascend" (text files) or "ascend_db" (.db export)
         ("path", pa.string()),  # the profile within the bundle
         ("version", pa.string()),  # framework / CANN / torch versions as "k=v;k=v"
         ("device", pa.string()),

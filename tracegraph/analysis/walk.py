@@ -39,6 +39,7 @@ NO_RECORD = "no matching record found"
 UNMATCHED_STREAM_WAIT = "stream wait without a matched record"
 TOO_DEEP = "causal chain too deep"
 LAUNCHED_LATE = "device idle: launched late"
+UNSEEN_LAUNCH = "device idle: the profile holds neither its host launch nor a stream wait"
 HOST_IDLE = "host thread idle"
 LAUNCHER = "waiting for the host op that launched it"
 STEP_TAIL = "step marker runs past the rank's last op"  # only at the end of a critical path
@@ -67,6 +68,7 @@ class BindingWalk:
         self.graph = graph
         self.start, self.end, self.kind = graph.start, graph.end, graph.kind
         self._pass_ns: dict[int, int] = {}  # recorded stream wait -> when it passed
+        self._blind = _blind_ranks(graph)
         self.weakest: tuple[float, str] = (1.0, "")
         """the least sure link the last walk followed: (confidence, why it was drawn)"""
 
@@ -267,7 +269,8 @@ class BindingWalk:
 
     def _launched_late(self, n: int, a: int, b: int, depth: int, out: list[Piece]) -> None:
         """The device idled until the host enqueued n. If the host had itself been waiting on
-        the device (a step-end synchronize), the op whose end freed it explains the wait."""
+        the device (a step-end synchronize), the op whose end freed it explains the wait. On a
+        rank whose profile shows neither launches nor stream waits, it is left unexplained."""
         graph = self.graph
         launch = graph.launch[n]
         freed = graph.host_sync(n) if a < launch and depth < MAX_DEPTH else -1
@@ -283,6 +286,10 @@ class BindingWalk:
             cut = min(b, self.end[queued])
             self._released_thread(queued, a, cut, depth, out)
             a = cut
+        if launch < 0 and b - a >= MIN_PIECE_NS and graph.rank[n] in self._blind:
+            self._link(UNMATCHED_CONFIDENCE, "device idle, and no host launch in the profile")
+            _add(out, n, a, b, UNSEEN_LAUNCH)
+            return
         _add(out, n, a, b, LAUNCHED_LATE)
 
     def _gating_wait(self, n: int) -> int:
@@ -338,6 +345,14 @@ class BindingWalk:
             _add(out, i, a, b, WAITING)
         else:
             _add(out, i, a, b, RAN)
+
+
+def _blind_ranks(graph: DepGraph) -> set[int]:
+    """Ranks whose profile shows neither a stream wait nor a host launch (a kernel table): what
+    held their idle streams cannot be told."""
+    waits = set(np.unique(graph.rank[graph.kind == schema.WAIT]).tolist())
+    launched = set(np.unique(graph.rank[graph.launch >= 0]).tolist())
+    return set(np.unique(graph.rank).tolist()) - waits - launched
 
 
 def _add(out: list[Piece], op: int, a: int, b: int, why: str) -> None:

@@ -18,6 +18,9 @@ def simulate_command(
     output: Annotated[Path, typer.Option("-o", "--output", help="OUT.tar.gz")],
     fmt: Annotated[str, typer.Option("--format", help="ascend (MindSpore msprof) or kineto")
                    ] = "ascend",
+    layout: Annotated[str, typer.Option(
+        help="text (trace_view.json and friends) or db (ascend only: the profiler's .db export)")
+    ] = "text",
     seed: Annotated[int, typer.Option(help="Noise seed; same seed, same bytes.")] = 0,
     ranks: Annotated[int | None, typer.Option(help="Profiled ranks.")] = None,
     pp: Annotated[int | None, typer.Option(help="Pipeline stages.")] = None,
@@ -40,11 +43,13 @@ def simulate_command(
     def run() -> None:
         if fmt not in ("ascend", "kineto"):
             raise TraceError(f"--format {fmt}: must be ascend or kineto")
+        if layout not in ("text", "db") or (layout == "db" and fmt != "ascend"):
+            raise TraceError(f"--layout {layout}: must be text, or db with --format ascend")
         try:
             timeline = simulate(scenario, seed=seed, **overrides)
         except ValueError as error:
             raise TraceError(f"simulate {scenario}: {error}") from None
-        archive = write_bundle(timeline, output, fmt)
+        archive = write_bundle(timeline, output, fmt, layout)
         truth = archive.with_name(archive.name.removesuffix(".tar.gz") + ".ground_truth.json")
         out.print(f"wrote {archive} ({archive.stat().st_size / 2**20:.1f} MiB, "
                   f"{len(timeline.ranks)} ranks, {len(timeline.ops):,} device ops) and {truth}",

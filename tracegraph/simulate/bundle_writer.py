@@ -27,8 +27,10 @@ from tracegraph.simulate.timeline import TIMELINE_COLUMNS, Timeline
 EPOCH_NS = 1_767_225_600_000_000_000
 """Wall-clock ns (2026-01-01T00:00:00Z) of true time 0, for Timelines whose clock starts near 0."""
 
-WRITERS = {"ascend": "tracegraph.simulate.write_ascend",
-           "kineto": "tracegraph.simulate.write_kineto"}
+WRITERS = {("ascend", "text"): "tracegraph.simulate.write_ascend",
+           ("ascend", "db"): "tracegraph.simulate.write_ascend_db",
+           ("kineto", "text"): "tracegraph.simulate.write_kineto"}
+"""(format, layout) -> the writer module; `db` is the profiler's database export."""
 DEVICE_KINDS = (COMPUTE, WAIT, RECORD, COLLECTIVE, P2P, MEMCPY)
 CHUNK_ROWS = 100_000  # rows rendered per chunk: bounds the Python objects alive at once
 
@@ -36,15 +38,20 @@ Data = bytes | list[bytes]
 """A member's content: bytes, or parts to concatenate (a big trace need never exist joined)."""
 
 
-def write_bundle(timeline: Timeline, out: Path, fmt: str) -> Path:
-    """Write `OUT.tar.gz` (every rank's profile as `fmt`) and `OUT.ground_truth.json` beside it.
+def write_bundle(timeline: Timeline, out: Path, fmt: str, layout: str = "text") -> Path:
+    """Write `OUT.tar.gz` (every rank's profile as `fmt`, its files as `layout`: text or db)
+    and `OUT.ground_truth.json` beside it.
 
     Regenerates bit for bit: sorted members, fixed mtimes/owners, gzip mtime 0.
     """
-    if fmt not in WRITERS:
-        raise ValueError(f"unknown simulated format {fmt!r}; expected one of {sorted(WRITERS)}")
+    if (fmt, layout) not in WRITERS:
+        known = sorted({f for f, _ in WRITERS})
+        if fmt not in known:
+            raise ValueError(f"unknown simulated format {fmt!r}; expected one of {known}")
+        raise ValueError(f"format {fmt} has no {layout!r} layout; expected one of "
+                         f"{sorted(lay for f, lay in WRITERS if f == fmt)}")
     check_timeline(timeline)
-    writer = import_module(WRITERS[fmt])
+    writer = import_module(WRITERS[(fmt, layout)])
     out = Path(out)
     stem = out.name.removesuffix(".tar.gz")
     archive = out.with_name(f"{stem}.tar.gz")

@@ -74,11 +74,13 @@ def files(timeline: Timeline) -> dict[str, bytes]:
     return {path: joined(data) for path, data in iter_files(timeline)}
 
 
-def iter_files(timeline: Timeline) -> Iterator[tuple[str, Data]]:
-    """Every rank's profile folder as (relative path, data), in path order, one rank at a time."""
-    job = _Job(timeline)
-    for rank in sorted(timeline.ranks, key=lambda r: _RankWriter(job, r).root):
-        yield from sorted(_RankWriter(job, rank).files().items())
+def iter_files(timeline: Timeline, writer: type[RankWriter] | None = None
+               ) -> Iterator[tuple[str, Data]]:
+    """Every rank's profile folder as (relative path, data), in path order, one rank at a time
+    (`writer`: the rank writer of another export type, e.g. `write_ascend_db`'s)."""
+    job, writer = Job(timeline), writer or RankWriter
+    for rank in sorted(timeline.ranks, key=lambda r: writer(job, r).root):
+        yield from sorted(writer(job, rank).files().items())
 
 
 def group_ids(timeline: Timeline) -> dict[str, str]:
@@ -88,8 +90,8 @@ def group_ids(timeline: Timeline) -> dict[str, str]:
 
 def rank_roots(timeline: Timeline) -> dict[int, str]:
     """Rank -> its profile folder."""
-    job = _Job(timeline)
-    return {rank: _RankWriter(job, rank).root for rank in timeline.ranks}
+    job = Job(timeline)
+    return {rank: RankWriter(job, rank).root for rank in timeline.ranks}
 
 
 @dataclass(frozen=True)
@@ -110,7 +112,7 @@ def _groups(timeline: Timeline) -> dict[str, _Group]:
     return groups
 
 
-class _Job:
+class Job:
     """Job-wide facts every rank writer needs: groups, clocks, comm instance numbers, arrivals."""
 
     def __init__(self, timeline: Timeline):
@@ -144,10 +146,12 @@ class _Job:
         return self.arrival.groupby(level=["group", "inst"]).max()
 
 
-class _RankWriter:
+class RankWriter:
     """One rank's `*_ascend_ms` folder."""
 
-    def __init__(self, job: _Job, rank: int):
+    export_type = "text"  # profiler_info's `_export_type`
+
+    def __init__(self, job: Job, rank: int):
         self.job, self.rank = job, rank
         self.shift = job.shift[rank]
         self.pid = 100_000 + (rank * 7919) % 4_000_000
@@ -335,6 +339,19 @@ class _RankWriter:
 
     def _cann(self) -> list[bytes]:
         """AscendCL calls (and Node@launch for kernels and HCCL ops) on the launch thread."""
+        calls = self.cann_calls()
+        template = ('{"name":%s,"pid":%d,"tid":%d,"ts":"%d.%03d","dur":%d.%03d,"args":{'
+                    '"Thread Id":%d,"Mode":%s,"level":%s,"id":%s,"item_id":%s,'
+                    '"connection_id":%d},"ph":"X"}')
+        return render(template, [
+            json_strings(calls["name"]), self.cann_pid, self.launch_tid,
+            *_times(calls["ts"], calls["dur"]), self.launch_tid, json_strings(calls["mode"]),
+            json_strings(calls["level"]), json_strings(calls["id"]), json_strings(calls["item"]),
+            calls["conn"].to_numpy()], len(calls))
+
+    def cann_calls(self) -> pd.DataFrame:
+        """The CANN API calls: name (`AscendCL@...`, `Node@launch`), ts, dur, mode, level, id,
+        item and connection id (`conn`), in time order."""
         ops = self.ops
         kind, lt, after = ops["kind"].to_numpy(), ops["lt"].to_numpy(), ops["after"].to_numpy()
         api = [_acl_api(k, n, h) for k, n, h in zip(kind, ops["name"], ops["hcom"], strict=True)]
@@ -355,18 +372,24 @@ class _RankWriter:
             "item": [h.split("__")[0] + "_" if h else n  # HCCL: the op type, as msprof
                      for n, h in zip(launched["name"], launched["hcom"], strict=True)],
             "conn": launched["conn"].to_numpy()})
-        calls = pd.concat([acl, node], ignore_index=True).sort_values(["ts", "conn"])
-        template = ('{"name":%s,"pid":%d,"tid":%d,"ts":"%d.%03d","dur":%d.%03d,"args":{'
-                    '"Thread Id":%d,"Mode":%s,"level":%s,"id":%s,"item_id":%s,'
-                    '"connection_id":%d},"ph":"X"}')
-        return render(template, [
-            json_strings(calls["name"]), self.cann_pid, self.launch_tid,
-            *_times(calls["ts"], calls["dur"]), self.launch_tid, json_strings(calls["mode"]),
-            json_strings(calls["level"]), json_strings(calls["id"]), json_strings(calls["item"]),
-            calls["conn"].to_numpy()], len(calls))
+        return pd.concat([acl, node], ignore_index=True).sort_values(["ts", "conn"])
 
     def _hardware(self) -> list[bytes]:
         """Device tasks: kernels, events and copies, plus every HCCL op's FFTS+ subtasks."""
+        rows = self.device_tasks()
+        template = ('{"name":%s,"pid":%d,"tid":%d,"ts":"%d.%03d","dur":%d.%03d,"args":{'
+                    '"Model Id":4294967295,"Task Type":%s,"Physic Stream Id":%d,"Task Id":%d,'
+                    '"Batch Id":0,"Subtask Id":%d,"connection_id":%d},"ph":"X"}')
+        streams = rows["stream"].to_numpy()
+        return render(template, [
+            json_strings(rows["name"]), self.hw_pid, streams, *_times(rows["ts"], rows["dur"]),
+            json_strings(rows["type"]), streams, rows["task"].to_numpy(),
+            rows["subtask"].to_numpy(np.int64), rows["conn"].to_numpy()], len(rows))
+
+    def device_tasks(self) -> pd.DataFrame:
+        """Kernels, events and copies, then every HCCL op's FFTS+ subtasks (`sub`: the row of
+        `tasks`, -1 for the others): name, type, ts, dur, subtask, stream, task and conn, by
+        stream and time."""
         plain = self.ops[~self.ops["kind"].isin(COMM_KINDS)]
         kinds = [plain["kind"] == WAIT, plain["kind"] == RECORD, plain["kind"] == MEMCPY]
         sub = self.tasks
@@ -383,15 +406,9 @@ class _RankWriter:
             **{c: np.concatenate([plain[c], sub[c]]).astype(np.int64)
                for c in ("stream", "task", "conn")},
             "dur": np.concatenate([plain["dur_ns"], sub["dur"]]),
-        }).sort_values(["stream", "ts"], kind="stable")
-        template = ('{"name":%s,"pid":%d,"tid":%d,"ts":"%d.%03d","dur":%d.%03d,"args":{'
-                    '"Model Id":4294967295,"Task Type":%s,"Physic Stream Id":%d,"Task Id":%d,'
-                    '"Batch Id":0,"Subtask Id":%d,"connection_id":%d},"ph":"X"}')
-        streams = rows["stream"].to_numpy()
-        return render(template, [
-            json_strings(rows["name"]), self.hw_pid, streams, *_times(rows["ts"], rows["dur"]),
-            json_strings(rows["type"]), streams, rows["task"].to_numpy(),
-            rows["subtask"].to_numpy(np.int64), rows["conn"].to_numpy()], len(rows))
+            "sub": np.concatenate([np.full(len(plain), -1), sub.index.to_numpy()]),
+        })
+        return rows.sort_values(["stream", "ts"], kind="stable")
 
     def _hccl(self) -> list[bytes]:
         """HCCL op rows on `Group … Communication` and small tasks on `Plane k` rows."""
@@ -565,7 +582,7 @@ class _RankWriter:
                 "experimental_config": {
                     "_profiler_level": "Level1", "_aic_metrics": "ACL_AICORE_PIPE_UTILIZATION",
                     "_l2_cache": False, "_msprof_tx": False, "_data_simplification": True,
-                    "record_op_args": False, "_export_type": "text", "_op_attr": False}},
+                    "record_op_args": False, "_export_type": self.export_type, "_op_attr": False}},
             "start_info": {"syscnt_enable": True, "freq": 100, "start_cnt": (start - boot) // 10,
                            "start_monotonic": start - boot},
             "end_info": {"collectionTimeEnd": end, "MonotonicTimeEnd": end - boot},

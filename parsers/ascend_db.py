@@ -1,0 +1,522 @@
+"""Ascend profiler databases -> EVENTS: torch_npu's `ascend_pytorch_profiler_{rank}.db`,
+MindSpore's `ascend_mindspore_profiler[_{rank}].db` and msprof's `msprof_*.db`.
+
+One schema family, msprof's: times in ns on the rank's clock, every string an id into
+STRING_IDS. Device tasks are TASK (names from COMPUTE_TASK_INFO), HCCL ops COMMUNICATION_OP with
+their comm name (the group is its `double_hash`, as the text files write it), their small tasks
+COMMUNICATION_TASK_INFO joined to TASK for times, host calls CANN_API and PYTORCH_API, steps
+PYTORCH_API's ProfilerStep#N or STEP_TIME. The rows are built as the trace_view.json reader
+builds them (`parsers.ascend_rows`), so both give the same events. A directory's database is
+opened in place, read only (`mode=ro`; `immutable=1` where its folder is read-only or it is in
+WAL mode, so nothing is ever written beside it); an archive member from a private temporary copy
+that is removed after. Which tables and columns are read is checked first: a database lacking
+one gets one line naming it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+import tempfile
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from parsers import ascend_layout
+from parsers.ascend_comm import load_side, resolve_rank, stated_metadata
+from parsers.ascend_rows import (
+    Context,
+    Steps,
+    all_steps,
+    attach_device_tasks,
+    comm_lane,
+    concat,
+    device_kinds,
+    device_lane,
+    groups,
+    hccl_names,
+    local_ranks,
+    meta,
+    notify_ids,
+    op_bytes,
+    op_streams,
+    set_peers,
+    table,
+    thread_lane,
+)
+from parsers.base import Format, ParsedRank, RankFiles, Reader, TraceError, local_path
+from parsers.classify import comm_type, double_hash
+from tracegraph.schema import COMM, COMM_TASK, HOST, MARKER, NO_INT, THREAD
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+KNOWN_MAJOR = 1  # META_DATA SCHEMA_VERSION_MAJOR this reader was written against
+REQUIRED = {"STRING_IDS": ("id", "value"),
+            "TASK": ("startNs", "endNs", "connectionId", "globalTaskId", "taskType", "streamId")}
+OPTIONAL = {  # read when present; each must then have these columns
+    "COMPUTE_TASK_INFO": ("name", "globalTaskId"),
+    "COMMUNICATION_OP": ("opName", "startNs", "endNs", "connectionId", "groupName", "opId"),
+    "COMMUNICATION_TASK_INFO": ("globalTaskId", "taskType", "planeId", "groupName", "notifyId",
+                                "srcRank", "dstRank", "size", "opId"),
+    "CANN_API": ("startNs", "endNs", "type", "globalTid", "connectionId", "name"),
+    "PYTORCH_API": ("startNs", "endNs", "globalTid", "name", "type"),
+    "MSTX_EVENTS": ("startNs", "endNs", "message", "globalTid"),
+    "STEP_TIME": ("id", "startNs", "endNs"),
+    "RANK_DEVICE_MAP": ("rankId", "deviceId"),
+    "META_DATA": ("name", "value"),
+    "ENUM_API_TYPE": ("id", "name"),
+    "ENUM_HCCL_DATA_TYPE": ("id", "name"),
+    "MEMCPY_INFO": ("globalTaskId", "size"),
+}
+API_LEVELS = {20000: "acl", 15000: "model", 10000: "node", 5500: "communication",
+              5000: "runtime", 50001: "op", 50002: "queue", 50003: "trace", 50004: "mstx"}
+"""ENUM_API_TYPE as msprof documents it, for a database without the table."""
+API_PREFIX = {"acl": "AscendCL", "runtime": "Runtime", "node": "Node", "model": "Model",
+              "hccl": "Hccl", "communication": "Communication"}
+"""CANN API level -> the prefix trace_view.json gives its calls (`AscendCL@aclrtRecordEvent`)."""
+MEMORY_TABLES = {  # table -> its columns that hold ids, and the table naming them
+    "MEMORY_RECORD": {"component": "STRING_IDS"},
+    "OP_MEMORY": {"name": "STRING_IDS"},
+    "NPU_OP_MEM": {"operatorName": "STRING_IDS", "type": "STRING_IDS", "component": "STRING_IDS"},
+    "NPU_MEM": {"type": "STRING_IDS"},
+    "NPU_MODULE_MEM": {"moduleId": "ENUM_MODULE"},
+}
+LOW_32 = 0xFFFFFFFF  # globalTid: pid << 32 | tid
+
+
+# --- opening ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Database:
+    """An open profiler database, its tables (name -> columns), META_DATA and schema version."""
+
+    conn: sqlite3.Connection
+    where: str  # the member, for messages
+    tables: dict[str, set[str]]
+    stated: dict[str, str] = field(default_factory=dict)  # META_DATA
+    version: str = ""
+
+    def has(self, table: str, *columns: str) -> bool:
+        """Whether the database has `table` with every one of `columns`."""
+        return table in self.tables and set(columns) <= self.tables[table]
+
+    def query(self, sql: str) -> pd.DataFrame:
+        """The rows of `sql` as a DataFrame; TraceError (naming the file) when SQLite fails."""
+        try:
+            cursor = self.conn.execute(sql)
+            columns = [c[0] for c in cursor.description]
+            return pd.DataFrame(cursor.fetchall(), columns=columns)
+        except sqlite3.Error as err:
+            raise TraceError(f"{self.where}: {_sqlite_problem(err)}") from None
+
+    def values(self, table: str) -> dict[str, str]:
+        """A (name, value) table such as META_DATA as a dict."""
+        if not self.has(table, "name", "value"):
+            return {}
+        rows = self.query(f"SELECT name, value FROM {table}")
+        return {str(k): str(v) for k, v in zip(rows["name"], rows["value"], strict=True)}
+
+
+@contextmanager
+def opened(member: str, read: Reader) -> Iterator[Database]:
+    """The database `member`, checked and open read only (see the module's docstring)."""
+    path = local_path(read, member)
+    if path is not None:
+        _check_header(_head(path), member)
+        with _connected(path, member, immutable=_immutable(path)) as db:
+            yield db
+        return
+    data = read(member)
+    _check_header(data[:100], member)
+    with _private_copy(data, member) as copy, _connected(copy, member, immutable=True) as db:
+        yield db
+
+
+def _head(path: Path) -> bytes:
+    with path.open("rb") as file:
+        return file.read(100)
+
+
+def _check_header(head: bytes, where: str) -> None:
+    if not head:
+        raise TraceError(f"{where}: empty file, not an SQLite database")
+    if not head.startswith(SQLITE_MAGIC):
+        raise TraceError(f"{where}: not an SQLite database (no 'SQLite format 3' header)")
+
+
+def _immutable(path: Path) -> bool:
+    """Open without locking (and so without ever writing beside the file) where that is safe or
+    needed: a read-only folder, or a WAL database (whose readers create -shm files)."""
+    wal = _head(path)[18:20] == b"\x02\x02"
+    return wal or not os.access(path.parent, os.W_OK)
+
+
+@contextmanager
+def _private_copy(data: bytes, where: str) -> Iterator[Path]:
+    """`data` in a file of a fresh private (0700) temporary folder, removed on exit; refused
+    when the temporary space cannot hold it."""
+    with tempfile.TemporaryDirectory(prefix="tracegraph-db-") as folder:
+        free = shutil.disk_usage(folder).free
+        if len(data) > free:
+            raise TraceError(f"{where}: {len(data) >> 20} MiB database, only {free >> 20} MiB "
+                             f"free in the temporary folder {folder}")
+        copy = Path(folder) / "profile.db"
+        fd = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as file:
+            file.write(data)
+        yield copy
+
+
+@contextmanager
+def _connected(path: Path, where: str, immutable: bool) -> Iterator[Database]:
+    uri = path.resolve().as_uri() + "?mode=ro" + ("&immutable=1" if immutable else "")
+    try:
+        conn = sqlite3.connect(uri, uri=True, timeout=2.0, check_same_thread=False)
+    except sqlite3.Error as err:
+        raise TraceError(f"{where}: cannot open ({_sqlite_problem(err)})") from None
+    with closing(conn):
+        conn.execute("PRAGMA trusted_schema = OFF")  # a hostile schema runs no function
+        db = Database(conn, where, {})
+        db.tables = _tables(db)
+        _check_schema(db)
+        yield db
+
+
+def _tables(db: Database) -> dict[str, set[str]]:
+    names = db.query("SELECT name FROM sqlite_master WHERE type = 'table'")["name"]
+    return {name: set(db.query(f"PRAGMA table_info('{name}')")["name"]) for name in names
+            if name in REQUIRED or name in OPTIONAL or name in MEMORY_TABLES}
+
+
+def _check_schema(db: Database) -> None:
+    """TraceError naming the first required table or read column the database lacks."""
+    db.stated = db.values("META_DATA")
+    db.version = db.stated.get("SCHEMA_VERSION", "")
+    seen = f" (schema {db.version})" if db.version else " (no SCHEMA_VERSION in META_DATA)"
+    for name in REQUIRED:
+        if name not in db.tables:
+            raise TraceError(f"{db.where}: no table {name}: not an Ascend profiler database"
+                             f"{seen}")
+    for name, columns in (REQUIRED | OPTIONAL).items():
+        missing = [c for c in columns if name in db.tables and c not in db.tables[name]]
+        if missing:
+            raise TraceError(f"{db.where}: table {name} has no column {missing[0]}{seen}")
+
+
+def _sqlite_problem(err: sqlite3.Error) -> str:
+    text = str(err)
+    if "locked" in text or "busy" in text:
+        return f"{text}: another process holds it (is the profiler still writing it?)"
+    if "not a database" in text or "malformed" in text:
+        return f"{text}: damaged or not an SQLite database"
+    return text
+
+
+# --- parsing ---------------------------------------------------------------------------------
+
+
+def parse(files: RankFiles, read: Reader) -> ParsedRank:
+    """One rank's profiler database (with the JSON / CSV files beside it) as normalized events,
+    groups and rank metadata."""
+    member = files.files.get("db") or files.files["trace"]
+    warnings: list[str] = []
+    side = load_side(files, read, warnings)
+    with opened(member, read) as db:
+        stated_metadata(side, db.stated, member, warnings)
+        _check_version(db, warnings)
+        rank_row = _rank_device(db)
+        info = side.info if "rank_id" in side.info else {**side.info, "rank_id": rank_row[0]}
+        rank = resolve_rank(files, info, warnings, "RANK_DEVICE_MAP")
+        ctx = Context(rank, member, side, warnings)
+        frame, ops = _frame(db, ctx)
+        device = rank_row[1] if rank_row[1] is not None else _device_id(db, warnings)
+    found = meta(files, side, device, {"db_schema": db.version} if db.version else None)
+    if not side.ops:
+        found["comm_times"] = _comm_times(ops)
+    names = dict(zip(ops["group"], ops["comm_name"], strict=True))
+    return ParsedRank(rank=rank, events=table(frame, rank), groups=groups(side, frame, names),
+                      meta=found, warnings=warnings)
+
+
+def _check_version(db: Database, warnings: list[str]) -> None:
+    major = db.version.partition(".")[0]
+    if major.isdigit() and int(major) > KNOWN_MAJOR:
+        warnings.append(f"{db.where}: schema {db.version} is newer than the {KNOWN_MAJOR}.x this "
+                        "reader knows; read the tables and columns it names")
+
+
+def _frame(db: Database, ctx: Context) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Every row of the database as events, and the HCCL ops (with their comm names)."""
+    framework = _framework_frame(db)
+    ctx.steps = Steps.of(framework)
+    cann = _cann_frame(db, ctx)
+    ctx.steps.link(cann)
+    ops = _op_frame(db)
+    device = _device_frame(db, set(ops["correlation"]))
+    op_streams(ops, device)
+    ops["step"] = ctx.steps.device(ops["start_ns"].to_numpy(), ops["correlation"].to_numpy())
+    tasks = _task_frame(db, ops)
+    attach_device_tasks(device, ops)
+    set_peers(ops, tasks, ctx)
+    frame = concat([framework, cann, device, ops.drop(columns=["op_id", "comm_name", "wait_ns"]),
+                    tasks.drop(columns="op")])
+    frame["step"] = all_steps(frame, ctx.steps)
+    return frame, ops
+
+
+def _rank_device(db: Database) -> tuple[int | None, int | None]:
+    """(rank, device) of RANK_DEVICE_MAP's first row; None for what it does not state."""
+    if "RANK_DEVICE_MAP" not in db.tables:
+        return None, None
+    rows = db.query("SELECT rankId, deviceId FROM RANK_DEVICE_MAP LIMIT 1")
+    if rows.empty:
+        return None, None
+    rank, device = (None if pd.isna(v) or int(v) < 0 else int(v) for v in rows.iloc[0])
+    return rank, device
+
+
+def _device_id(db: Database, warnings: list[str]) -> int | None:
+    """The device TASK's rows ran on (the most frequent one, with a warning if several)."""
+    rows = db.query("SELECT deviceId, COUNT(*) AS n FROM TASK GROUP BY deviceId "
+                    "ORDER BY n DESC") if db.has("TASK", "deviceId") else pd.DataFrame()
+    if rows.empty:
+        return None
+    if len(rows) > 1:
+        warnings.append(f"{db.where}: tasks of {len(rows)} devices; read as one rank "
+                        f"(device {int(rows['deviceId'].iloc[0])} has the most)")
+    return int(rows["deviceId"].iloc[0])
+
+
+def _framework_frame(db: Database) -> pd.DataFrame:
+    """PYTORCH_API (host ops; ProfilerStep#N and mstx as markers), MSTX_EVENTS markers, and
+    STEP_TIME's steps that no ProfilerStep#N row names."""
+    parts = []
+    if "PYTORCH_API" in db.tables:
+        rows = db.query(
+            "SELECT CAST(p.startNs AS INTEGER) AS start_ns, CAST(p.endNs AS INTEGER) AS end_ns, "
+            "p.globalTid AS tid, COALESCE(s.value, '') AS name, p.type AS type "
+            "FROM PYTORCH_API p LEFT JOIN STRING_IDS s ON s.id = p.name")
+        levels = _api_levels(db, rows["type"])
+        marker = rows["name"].str.startswith("ProfilerStep#") | (levels == "mstx")
+        parts.append(_host_rows(rows).assign(kind=np.where(marker, MARKER, HOST)))
+    if "MSTX_EVENTS" in db.tables:
+        rows = db.query("SELECT m.startNs AS start_ns, m.endNs AS end_ns, m.globalTid AS tid, "
+                        "COALESCE(s.value, '') AS name FROM MSTX_EVENTS m "
+                        "LEFT JOIN STRING_IDS s ON s.id = m.message")
+        parts.append(_host_rows(rows).assign(kind=MARKER))
+    frame = concat(parts)
+    return concat([frame, _step_time_frame(db, frame)])
+
+
+def _step_time_frame(db: Database, framework: pd.DataFrame) -> pd.DataFrame:
+    """STEP_TIME rows as host `ProfilerStep#N` markers, for the steps the framework rows lack."""
+    if "STEP_TIME" not in db.tables:
+        return pd.DataFrame()
+    rows = db.query("SELECT id, CAST(startNs AS INTEGER) AS start_ns, "
+                    "CAST(endNs AS INTEGER) AS end_ns FROM STEP_TIME")
+    names = "ProfilerStep#" + rows["id"].astype(str)
+    rows = rows[~names.isin(framework["name"])]
+    return pd.DataFrame({"name": names[rows.index], "start_ns": rows["start_ns"],
+                         "dur_ns": rows["end_ns"] - rows["start_ns"], "kind": MARKER,
+                         "lane": "steps", "lane_kind": THREAD})
+
+
+def _host_rows(rows: pd.DataFrame) -> pd.DataFrame:
+    """start_ns / end_ns / tid (a globalTid) / name rows as host rows on their thread's lane."""
+    frame = pd.DataFrame({"name": rows["name"].astype(str), "start_ns": _ints(rows["start_ns"]),
+                          "dur_ns": np.maximum(_ints(rows["end_ns"]) - _ints(rows["start_ns"]), 0),
+                          "tid": _ints(rows["tid"]) & LOW_32})
+    thread_lane(frame)
+    return frame.drop(columns="tid")
+
+
+def _api_levels(db: Database, types: pd.Series) -> pd.Series:
+    """CANN / framework API type ids -> their level ("acl", "node", "op", "mstx", ...)."""
+    known = dict(API_LEVELS)
+    if "ENUM_API_TYPE" in db.tables:
+        enum = db.query("SELECT id, name FROM ENUM_API_TYPE")
+        known |= dict(zip(enum["id"].astype(int), enum["name"].astype(str), strict=True))
+    return pd.Series(_ints(types), index=types.index).map(known).fillna("")
+
+
+def _cann_frame(db: Database, ctx: Context) -> pd.DataFrame:
+    """CANN_API calls as host rows named as trace_view.json names them (`AscendCL@...`)."""
+    if "CANN_API" not in db.tables:
+        return pd.DataFrame()
+    rows = db.query("SELECT c.startNs AS start_ns, c.endNs AS end_ns, c.globalTid AS tid, "
+                    "c.connectionId AS correlation, c.type AS type, "
+                    "COALESCE(s.value, '') AS api FROM CANN_API c "
+                    "LEFT JOIN STRING_IDS s ON s.id = c.name")
+    levels = _api_levels(db, rows["type"])
+    prefix = levels.map(API_PREFIX).fillna(levels.str.capitalize())
+    frame = _host_rows(rows.assign(name=prefix + "@" + rows["api"]))
+    frame["kind"] = HOST
+    frame["correlation"] = _ints(rows["correlation"])
+    frame["step"] = ctx.steps.host(frame["start_ns"].to_numpy())
+    return frame
+
+
+def _device_frame(db: Database, op_conns: set[int]) -> pd.DataFrame:
+    """TASK rows: named by COMPUTE_TASK_INFO where it names them, else by their task type."""
+    kernel, joins, copied = "NULL", "", "NULL"
+    if "COMPUTE_TASK_INFO" in db.tables:
+        kernel = "k.value"
+        joins += (" LEFT JOIN COMPUTE_TASK_INFO c ON c.globalTaskId = t.globalTaskId"
+                  " LEFT JOIN STRING_IDS k ON k.id = c.name")
+    if "MEMCPY_INFO" in db.tables:
+        copied = "m.size"
+        joins += " LEFT JOIN MEMCPY_INFO m ON m.globalTaskId = t.globalTaskId"
+    rows = db.query(
+        f"SELECT t.startNs AS start_ns, t.endNs AS end_ns, t.streamId AS stream, "
+        f"t.connectionId AS correlation, COALESCE(y.value, '') AS task_type, "
+        f"COALESCE({kernel}, y.value, '') AS name, {copied} AS bytes "
+        f"FROM TASK t LEFT JOIN STRING_IDS y ON y.id = t.taskType{joins}")
+    frame = pd.DataFrame({
+        "name": rows["name"].astype(str), "start_ns": _ints(rows["start_ns"]),
+        "dur_ns": np.maximum(_ints(rows["end_ns"]) - _ints(rows["start_ns"]), 0),
+        "stream": _ints(rows["stream"]), "task_type": rows["task_type"].astype(str),
+        "correlation": _ints(rows["correlation"]), "bytes": _ints(rows["bytes"])})
+    device_lane(frame)
+    frame["kind"] = device_kinds(frame["name"], frame["task_type"],
+                                 frame["correlation"].to_numpy(), op_conns)
+    return frame
+
+
+def _op_frame(db: Database) -> pd.DataFrame:
+    """COMMUNICATION_OP rows: HCCL ops with their group (double_hash of the comm name), type,
+    instance number and bytes; `comm_name`, `op_id` and `wait_ns` kept beside."""
+    if "COMMUNICATION_OP" not in db.tables:
+        return pd.DataFrame(columns=["op_id", "name", "start_ns", "dur_ns", "correlation",
+                                     "group", "comm_name", "kind", "wait_ns"])
+    dtype = ("COALESCE(d.name, '')", " LEFT JOIN ENUM_HCCL_DATA_TYPE d ON d.id = o.dataType"
+             ) if "ENUM_HCCL_DATA_TYPE" in db.tables else ("''", "")
+    extra = "".join(f", o.{column} AS {alias}" for column, alias in
+                    (("waitNs", "wait_ns"), ("rankSize", "rank_size"), ("count", "count"))
+                    if db.has("COMMUNICATION_OP", column))
+    rows = db.query(
+        f"SELECT o.opId AS op_id, COALESCE(n.value, '') AS name, o.startNs AS start_ns, "
+        f"o.endNs AS end_ns, o.connectionId AS correlation, COALESCE(g.value, '') AS comm_name, "
+        f"COALESCE(y.value, '') AS op_type, {dtype[0]} AS dtype{extra} "
+        f"FROM COMMUNICATION_OP o LEFT JOIN STRING_IDS n ON n.id = o.opName "
+        f"LEFT JOIN STRING_IDS g ON g.id = o.groupName "
+        f"LEFT JOIN STRING_IDS y ON y.id = o.opType{dtype[1]}")
+    frame = pd.DataFrame({
+        "op_id": _ints(rows["op_id"]), "name": rows["name"].astype(str),
+        "start_ns": _ints(rows["start_ns"]),
+        "dur_ns": np.maximum(_ints(rows["end_ns"]) - _ints(rows["start_ns"]), 0),
+        "correlation": _ints(rows["correlation"]), "comm_name": rows["comm_name"].astype(str),
+        "dtype": rows["dtype"].astype(str)})
+    hccl_names(frame)
+    typed = frame["comm"] == ""
+    frame.loc[typed, "comm"] = rows.loc[typed, "op_type"].map(comm_type)
+    frame["group"] = frame["comm_name"].map(group_id)
+    frame["bytes"] = op_bytes(_ints(rows.get("count"), len(rows)), frame["dtype"])
+    frame["rank_size"] = _ints(rows.get("rank_size"), len(rows))
+    frame["wait_ns"] = _ints(rows.get("wait_ns"), len(rows))
+    frame["lane"] = comm_lane(frame["group"])
+    frame["lane_kind"] = COMM
+    return frame
+
+
+def group_id(comm_name: str) -> str:
+    """The group id the text files write for an HCCL comm name: its msprof `double_hash` (a name
+    that already is a decimal hash is kept)."""
+    return comm_name if comm_name.isdigit() or not comm_name else double_hash(comm_name)
+
+
+def _task_frame(db: Database, ops: pd.DataFrame) -> pd.DataFrame:
+    """COMMUNICATION_TASK_INFO rows (HCCL small tasks, timed by their TASK row) on their op's
+    plane lanes; `op` is the row of `ops` each belongs to."""
+    if "COMMUNICATION_TASK_INFO" not in db.tables:
+        return pd.DataFrame(columns=["op", "task_type", "src_rank", "dst_rank"])
+    rows = db.query(
+        "SELECT c.opId AS op_id, COALESCE(y.value, '') AS task_type, c.planeId AS plane, "
+        "c.notifyId AS notify, c.srcRank AS src, c.dstRank AS dst, c.size AS bytes, "
+        "COALESCE(g.value, '') AS comm_name, t.startNs AS start_ns, t.endNs AS end_ns "
+        "FROM COMMUNICATION_TASK_INFO c JOIN TASK t ON t.globalTaskId = c.globalTaskId "
+        "LEFT JOIN STRING_IDS y ON y.id = c.taskType "
+        "LEFT JOIN STRING_IDS g ON g.id = c.groupName")
+    position = pd.Series(np.arange(len(ops)), index=ops["op_id"].to_numpy())
+    op = rows["op_id"].map(position).fillna(NO_INT).astype(np.int64).to_numpy()
+    own = op >= 0
+    pick = np.clip(op, 0, None)
+    frame = pd.DataFrame({
+        "name": rows["task_type"].astype(str), "task_type": rows["task_type"].astype(str),
+        "start_ns": _ints(rows["start_ns"]),
+        "dur_ns": np.maximum(_ints(rows["end_ns"]) - _ints(rows["start_ns"]), 0),
+        "notify_id": notify_ids([None if pd.isna(v) else str(int(v)) for v in rows["notify"]]),
+        "src_rank": local_ranks(_ints(rows["src"])), "dst_rank": local_ranks(_ints(rows["dst"])),
+        "bytes": _ints(rows["bytes"]), "kind": COMM_TASK, "lane_kind": COMM, "op": op})
+    for column, default in (("group", ""), ("seq", NO_INT), ("correlation", NO_INT),
+                            ("step", NO_INT)):
+        values = ops[column].to_numpy()[pick] if len(ops) else np.full(len(frame), default)
+        frame[column] = np.where(own, values, default)
+    frame.loc[~own, "group"] = rows.loc[~own, "comm_name"].map(group_id)
+    plane = pd.Series(_ints(rows["plane"]), dtype=str)
+    frame["lane"] = comm_lane(frame["group"]) + " plane " + plane
+    return frame
+
+
+def _comm_times(ops: pd.DataFrame) -> list[dict[str, object]]:
+    """Each HCCL op's elapse and, where the database has `waitNs`, its wait (ms), as the text
+    path keeps communication.json's."""
+    return [{"step": int(step), "name": name, "group": group, "elapse_ms": dur / 1e6,
+             "wait_ms": wait / 1e6 if wait >= 0 else None}
+            for step, name, group, dur, wait in zip(
+                ops["step"], ops["name"], ops["group"], ops["dur_ns"], ops["wait_ns"],
+                strict=True)]
+
+
+def _ints(values: pd.Series | None, rows: int = 0) -> np.ndarray:
+    """An SQLite column as int64, NO_INT where NULL (None: a column the table lacks, `rows`
+    long)."""
+    if values is None:
+        return np.full(rows, NO_INT, dtype=np.int64)
+    numbers = pd.to_numeric(values, errors="coerce")
+    return numbers.fillna(NO_INT).astype(np.int64).to_numpy()
+
+
+# --- memory tables (read for analyses to come) ------------------------------------------------
+
+
+def memory_table(member: str, read: Reader, name: str) -> pd.DataFrame:
+    """One memory table of a profiler database (MEMORY_RECORD, OP_MEMORY, NPU_MODULE_MEM,
+    NPU_OP_MEM, NPU_MEM) with its raw columns: times in ns, sizes in bytes as the database
+    stores them, id columns replaced by the strings they name. Empty when the table is absent."""
+    ids = MEMORY_TABLES[name]
+    with opened(member, read) as db:
+        if name not in db.tables:
+            return pd.DataFrame()
+        columns = sorted(db.tables[name])
+        usable = {c: t for c, t in ids.items() if c in columns and t in _all_tables(db)}
+        picked = ", ".join(f"COALESCE(j{i}.{_label(usable[c])}, x.{_quoted(c)}) AS {_quoted(c)}"
+                           if c in usable else f"x.{_quoted(c)}" for i, c in enumerate(columns))
+        joins = "".join(f" LEFT JOIN {usable[c]} j{i} ON j{i}.id = x.{c}"
+                        for i, c in enumerate(columns) if c in usable)
+        return db.query(f"SELECT {picked} FROM {name} x{joins}")
+
+
+def _quoted(column: str) -> str:
+    """A column name (the database's own: untrusted) as an SQL identifier."""
+    return '"' + column.replace('"', '""') + '"'
+
+
+def _all_tables(db: Database) -> set[str]:
+    return set(db.query("SELECT name FROM sqlite_master WHERE type = 'table'")["name"])
+
+
+def _label(table: str) -> str:
+    return "value" if table == "STRING_IDS" else "name"
+
+
+# --- registration (parsers.formats) ----------------------------------------------------------
+FORMAT = Format(name=ascend_layout.DB_FORMAT, looked_for="ascend_*_profiler*.db / msprof_*.db",
+                parse=parse, wants=ascend_layout.wants_db, sniff=ascend_layout.sniff_db,
+                suffixes=(".db",))
+"""A database on its own is one rank; in a profile folder, the Ascend format's discovery
+(`parsers.ascend_layout`) hands it over with the files beside it."""
