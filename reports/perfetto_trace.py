@@ -1,0 +1,182 @@
+"""A `Timeline` (tracks.py) as a Perfetto protobuf trace, written with the `perfetto` package's
+trace builder and streamed: packets are serialized a chunk at a time, each chunk a `Trace`
+message (concatenated `Trace` messages are one `Trace`: its only field is repeated).
+
+One packet sequence: names, categories, arg names and string values are interned (sent once, then
+referred to by id), tracks are described before their first slice, each slice is a begin and an
+end packet on its track, and a flow is one id per edge (`flow_ids` on the slice it leaves,
+`terminating_flow_ids` on the slice it reaches): a Perfetto flow cannot fork.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import BinaryIO
+
+from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import (
+    TracePacket,
+    TrackDescriptor,
+    TrackEvent,
+)
+from perfetto.trace_builder.proto_builder import TraceProtoBuilder
+
+from reports.tracks import Batch, Nesting, Timeline, Track
+from tracegraph.progress import Progress
+
+SEQUENCE = 1  # the trusted_packet_sequence_id of every packet
+CHUNK = 20_000  # packets serialized at a time
+PROGRESS_EVENTS = 200_000  # exports of more events than this show a progress bar
+_BEGIN, _END = TrackEvent.TYPE_SLICE_BEGIN, TrackEvent.TYPE_SLICE_END
+_CLEARED = TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
+_NEEDS_STATE = TracePacket.SEQ_NEEDS_INCREMENTAL_STATE
+_PROCESS_UUID = 1 << 40  # process tracks: _PROCESS_UUID + pid; other tracks count up from 1
+
+
+def write_perfetto(timeline: Timeline, path: Path) -> int:
+    """Write `timeline` to `path` (.pftrace); the number of packets written."""
+    with Path(path).open("wb") as file, Progress(
+            "export: perfetto trace", total=timeline.events,
+            enabled=timeline.events > PROGRESS_EVENTS) as bar:
+        writer = _Writer(file, timeline)
+        writer.describe()
+        for batch in timeline.batches():
+            writer.write(batch)
+            bar.advance(len(batch) if batch is not timeline.verdict else 0)
+        return writer.finish()
+
+
+class _Interned:
+    """One interning table: a string's id, added to the packet being written when new."""
+
+    def __init__(self, field: str, key: str, as_bytes: bool = False) -> None:
+        self.field, self.key, self.as_bytes = field, key, as_bytes
+        self.ids: dict[str, int] = {}
+
+    def __call__(self, value: str, packet: TracePacket) -> int:
+        iid = self.ids.get(value)
+        if iid is None:
+            iid = self.ids[value] = len(self.ids) + 1
+            text = value.encode() if self.as_bytes else value
+            getattr(packet.interned_data, self.field).add(iid=iid, **{self.key: text})
+        return iid
+
+
+class _Writer:
+    """Packets of one sequence, serialized in chunks."""
+
+    def __init__(self, file: BinaryIO, timeline: Timeline) -> None:
+        self.file, self.timeline = file, timeline
+        self.builder = TraceProtoBuilder()
+        self.add = self.builder.trace.packet.add
+        self.count = self.pending = 0
+        self.names = _Interned("event_names", "name")
+        self.categories = _Interned("event_categories", "name")
+        self.arg_names = _Interned("debug_annotation_names", "name")
+        self.arg_strings = _Interned("debug_annotation_string_values", "str", as_bytes=True)
+        self.uuids: dict[tuple[int, int], int] = {}  # (track, level) -> uuid
+        self.nesting = Nesting()
+
+    def packet(self, **fields: int) -> TracePacket:
+        """A new packet of the sequence with `fields` set (chunks end between batches only:
+        a batch's args are added to its packets after they are all made)."""
+        self.pending += 1
+        return self.add(trusted_packet_sequence_id=SEQUENCE, **fields)
+
+    def flush(self) -> None:
+        self.file.write(self.builder.serialize())
+        self.count += self.pending
+        self.builder, self.pending = TraceProtoBuilder(), 0
+        self.add = self.builder.trace.packet.add
+
+    def finish(self) -> int:
+        self._ends(self.nesting.close())
+        self.flush()
+        return self.count
+
+    def describe(self) -> None:
+        """The sequence's start, then a process per rank and the top-level tracks."""
+        self.packet(first_packet_on_sequence=True, sequence_flags=_CLEARED)
+        for process in self.timeline.processes:
+            descriptor = self.packet().track_descriptor
+            descriptor.uuid = _PROCESS_UUID + process.pid
+            descriptor.process.pid = process.pid
+            descriptor.process.process_name = process.name
+            descriptor.process.process_labels.extend(process.labels)
+            descriptor.child_ordering = TrackDescriptor.EXPLICIT
+        self.process_uuid = {p.rank: _PROCESS_UUID + p.pid for p in self.timeline.processes}
+
+    def track_uuid(self, track: Track, level: int) -> int:
+        """The uuid of a track's row at `level` (0: itself, then overflow rows), described when
+        first used."""
+        uuid = self.uuids.get((track.index, level))
+        if uuid is None:
+            uuid = self.uuids[track.index, level] = len(self.uuids) + 1
+            descriptor = self.packet().track_descriptor
+            descriptor.uuid = uuid
+            descriptor.name = track.name
+            if track.rank is not None:
+                descriptor.parent_uuid = self.process_uuid[track.rank]
+                descriptor.sibling_order_rank = track.order
+        return uuid
+
+    def write(self, batch: Batch) -> None:
+        """Begin packets of the batch's slices (an end packet right after for a slice alone on
+        its track, else when a later slice or the end of its track closes it), then args."""
+        if self.pending >= CHUNK:
+            self.flush()
+        self.pending += 2 * len(batch)
+        tracks, add, place = self.timeline.tracks, self.add, self.nesting.place
+        name_ids, category_ids = self.names.ids, self.categories.ids
+        packets = []
+        row, uuid = (-1, -1), 0
+        for i, (index, start, end, alone) in enumerate(zip(
+                batch.track.tolist(), batch.start.tolist(), batch.end.tolist(),
+                batch.flat.tolist(), strict=True)):
+            level, closed = place(index, start, end, alone)
+            if closed:
+                self._ends(closed)
+            if row != (index, level):
+                row = (index, level)
+                uuid = self.uuids.get(row) or self.track_uuid(tracks[index], level)
+            packet = add(timestamp=start, trusted_packet_sequence_id=SEQUENCE,
+                         sequence_flags=_NEEDS_STATE)
+            event = packet.track_event
+            event.type = _BEGIN
+            event.track_uuid = uuid
+            name, category = batch.name[i], batch.category[i]
+            event.name_iid = name_ids.get(name) or self.names(name, packet)
+            event.category_iids.append(category_ids.get(category)
+                                       or self.categories(category, packet))
+            packets.append(packet)
+            if alone:
+                end_event = add(timestamp=end, trusted_packet_sequence_id=SEQUENCE).track_event
+                end_event.type = _END
+                end_event.track_uuid = uuid
+        self._args(packets, batch)
+        if batch.flow_in is not None:
+            for packet, flow_in, flow_out in zip(packets, batch.flow_in, batch.flow_out,
+                                                 strict=True):
+                if flow_out:
+                    packet.track_event.flow_ids.append(flow_out)
+                if flow_in:
+                    packet.track_event.terminating_flow_ids.append(flow_in)
+
+    def _args(self, packets: list[TracePacket], batch: Batch) -> None:
+        """Each arg column as debug annotations (names and string values interned)."""
+        for name, where, values in batch.args:
+            for i, value in zip(where, values, strict=True):
+                packet = packets[i]
+                add = packet.track_event.debug_annotations.add
+                iid = self.arg_names(name, packet)
+                if isinstance(value, str):
+                    add(name_iid=iid, string_value_iid=self.arg_strings(value, packet))
+                elif isinstance(value, float):
+                    add(name_iid=iid, double_value=value)
+                else:
+                    add(name_iid=iid, int_value=value)
+
+    def _ends(self, closed: list[tuple[int, int, int]]) -> None:
+        for index, level, end in closed:
+            event = self.add(timestamp=end, trusted_packet_sequence_id=SEQUENCE).track_event
+            event.type = _END
+            event.track_uuid = self.uuids[index, level]
