@@ -222,3 +222,20 @@ def test_export_without_an_output_is_one_line_exit_2(tmp_path: Path) -> None:
     run = run_cli("export", str(SEED), cache=tmp_path / "cache")
     assert run.returncode == 2
     assert run.stderr.strip().count("\n") == 0 and "--perfetto" in run.stderr
+
+
+def test_analyze_prints_each_steps_critical_path(tmp_path: Path) -> None:
+    """The gloo sample: rank 1 sleeps 200 ms before its DP all-reduce; the path of the step
+    runs through that sleep, and the printed length and composition are the JSON's."""
+    bundle = SAMPLES / "gloo_pp2_dp2"
+    run = run_cli("analyze", str(bundle), "--json", cache=tmp_path / "cache")
+    summary = json.loads(run.stdout)
+    run = run_cli("analyze", str(bundle), cache=tmp_path / "cache")
+    assert run.returncode == 0, run.stderr
+    printed = run.stdout.replace("\n", " ")
+    for step, path in summary["critical_path"].items():
+        kind, ms = next(iter(path["by_kind"].items()))
+        assert f"critical path {path['length_ms']:.3f} ms" in printed, step
+        assert f"{kind} {ms:.3f} ms" in printed
+    assert re.search(r"compute\s+rank 1 thread \d+ python\s+straggler_sleep.*compute_straggler",
+                     run.stdout)
