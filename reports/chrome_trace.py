@@ -6,7 +6,8 @@ per track row (`thread_name`, `thread_sort_index`), each slice a complete (`X`) 
 fields as `args`. Flows are v2: `bind_id` with `flow_out` on the slice an arrow leaves and
 `flow_in` on the one it reaches; a slice takes one `bind_id`, so each run of edges that share
 slices (a chain, a stretch of the path across ranks) is one id. Times are µs written from the
-integer ns (`ts` 1796014063510329.256 is exact; a float would round it).
+integer ns (`ts` 1796014063510329.256 is exact; a float would round it). Written in parts
+(parallel_write.py): the head opens the array, the parts' events follow it after commas.
 """
 
 from __future__ import annotations
@@ -17,26 +18,37 @@ from typing import BinaryIO
 import numpy as np
 import orjson
 
+from reports.parallel_write import write_parts
 from reports.tracks import PID_BASE, Batch, Nesting, Timeline, Track
-from tracegraph.progress import Progress
 
-PROGRESS_EVENTS = 200_000  # exports of more events than this show a progress bar
 TOP_PID = PID_BASE - 1  # the process holding the top-level tracks
 
 
-def write_chrome(timeline: Timeline, path: Path) -> int:
-    """Write `timeline` to `path` (.json); the number of trace events written."""
-    with Path(path).open("wb") as file, Progress(
-            "export: chrome trace", total=timeline.events,
-            enabled=timeline.events > PROGRESS_EVENTS) as bar:
-        writer = _Writer(file, timeline)
-        file.write(b'{"displayTimeUnit":"ns","traceEvents":[\n')
-        writer.describe()
-        for batch in timeline.batches():
-            writer.write(batch)
-            bar.advance(len(batch) if batch is not timeline.verdict else 0)
-        file.write(b"\n]}\n")
-        return writer.count
+def write_chrome(timeline: Timeline, path: Path, jobs: int | None = None) -> int:
+    """Write `timeline` to `path` (.json), the profile's events encoded in up to `jobs`
+    processes; the number of trace events written."""
+    return write_parts(timeline, path, _head, _part, b"\n]}\n", "chrome trace", jobs)
+
+
+def _head(timeline: Timeline, file: BinaryIO) -> int:
+    """The array's start, the processes' metadata, the verdict's slices."""
+    file.write(b'{"displayTimeUnit":"ns","traceEvents":[\n')
+    writer = _Writer(file, timeline, first=True)
+    writer.metadata(TOP_PID, 0, "process_name", name="tracegraph")
+    for process in timeline.processes:
+        writer.metadata(process.pid, 0, "process_name", name=process.name)
+        writer.metadata(process.pid, 0, "process_labels", labels=", ".join(process.labels))
+        writer.metadata(process.pid, 0, "process_sort_index", sort_index=process.rank)
+    writer.write(timeline.verdict)
+    return writer.count
+
+
+def _part(timeline: Timeline, rows: tuple[int, int], number: int, file: BinaryIO) -> int:
+    """The events of a range, each after a comma (the head wrote the array's first ones)."""
+    writer = _Writer(file, timeline, first=False)
+    for batch in timeline.batches(rows):
+        writer.write(batch)
+    return writer.count
 
 
 def _us(ns: np.ndarray) -> list[bytes]:
@@ -46,8 +58,8 @@ def _us(ns: np.ndarray) -> list[bytes]:
 
 
 class _Writer:
-    def __init__(self, file: BinaryIO, timeline: Timeline) -> None:
-        self.file, self.timeline = file, timeline
+    def __init__(self, file: BinaryIO, timeline: Timeline, first: bool) -> None:
+        self.file, self.timeline, self.first = file, timeline, first
         self.count = 0
         self.pid = {p.rank: p.pid for p in timeline.processes}
         self.tids: dict[tuple[int, int], tuple[int, int]] = {}  # (track, level) -> pid, tid
@@ -57,15 +69,9 @@ class _Writer:
     def emit(self, events: list[bytes]) -> None:
         """Trace events, each already JSON."""
         if events:
-            self.file.write((b",\n" if self.count else b"") + b",\n".join(events))
+            lead = b"" if self.first and not self.count else b",\n"
+            self.file.write(lead + b",\n".join(events))
             self.count += len(events)
-
-    def describe(self) -> None:
-        self.metadata(TOP_PID, 0, "process_name", name="tracegraph")
-        for process in self.timeline.processes:
-            self.metadata(process.pid, 0, "process_name", name=process.name)
-            self.metadata(process.pid, 0, "process_labels", labels=", ".join(process.labels))
-            self.metadata(process.pid, 0, "process_sort_index", sort_index=process.rank)
 
     def metadata(self, pid: int, tid: int, what: str, **args: object) -> None:
         self.emit([orjson.dumps({"ph": "M", "name": what, "pid": pid, "tid": tid,
@@ -76,7 +82,7 @@ class _Writer:
         first used."""
         pid = self.pid[track.rank] if track.rank is not None else TOP_PID
         if (track.index, level) not in self.tids:
-            tid = len(self.tids) + 1
+            tid = level << 24 | track.index + 1  # the same in every part
             self.tids[track.index, level] = (pid, tid)
             self.metadata(pid, tid, "thread_name", name=track.name)
             self.metadata(pid, tid, "thread_sort_index", sort_index=track.order)
@@ -92,7 +98,7 @@ class _Writer:
                 batch.track.tolist(), batch.start.tolist(), batch.end.tolist(),
                 batch.flat.tolist(), _us(batch.start), _us(batch.end - batch.start),
                 strict=True)):
-            level = place(index, start, end, flat)[0]
+            level = 0 if flat and not self.nesting.open else place(index, start, end, flat)[0]
             pid, tid = self.tids.get((index, level)) or self.where(tracks[index], level)
             texts.append(b'{"ph":"X","ts":%s,"dur":%s,"pid":%d,"tid":%d,"name":%s,"cat":%s,'
                          b'"args":%s%s}' % (ts, dur, pid, tid, self.json(batch.name[i]),

@@ -2,10 +2,11 @@
 trace builder and streamed: packets are serialized a chunk at a time, each chunk a `Trace`
 message (concatenated `Trace` messages are one `Trace`: its only field is repeated).
 
-One packet sequence: names, categories, arg names and string values are interned (sent once, then
-referred to by id), tracks are described before their first slice, each slice is a begin and an
-end packet on its track, and a flow is one id per edge (`flow_ids` on the slice it leaves,
-`terminating_flow_ids` on the slice it reaches): a Perfetto flow cannot fork.
+A packet sequence per part (parallel_write.py): the processes and the verdict, then each range
+of the profile's events. In each, names, categories, arg names and string values are interned
+(sent once, then referred to by id), tracks are described before their first slice, each slice
+is a begin and an end packet on its track. A flow is one id per edge (`flow_ids` on the slice
+it leaves, `terminating_flow_ids` on the slice it reaches): a Perfetto flow cannot fork.
 """
 
 from __future__ import annotations
@@ -20,29 +21,48 @@ from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import (
 )
 from perfetto.trace_builder.proto_builder import TraceProtoBuilder
 
+from reports.parallel_write import write_parts
 from reports.tracks import Batch, Nesting, Timeline, Track
-from tracegraph.progress import Progress
 
-SEQUENCE = 1  # the trusted_packet_sequence_id of every packet
-CHUNK = 20_000  # packets serialized at a time
-PROGRESS_EVENTS = 200_000  # exports of more events than this show a progress bar
+CHUNK = 20_000  # packets serialized at a time (between batches)
 _BEGIN, _END = TrackEvent.TYPE_SLICE_BEGIN, TrackEvent.TYPE_SLICE_END
 _CLEARED = TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
 _NEEDS_STATE = TracePacket.SEQ_NEEDS_INCREMENTAL_STATE
-_PROCESS_UUID = 1 << 40  # process tracks: _PROCESS_UUID + pid; other tracks count up from 1
+_PROCESS = 1 << 62  # a process's track uuid: _PROCESS | pid
 
 
-def write_perfetto(timeline: Timeline, path: Path) -> int:
-    """Write `timeline` to `path` (.pftrace); the number of packets written."""
-    with Path(path).open("wb") as file, Progress(
-            "export: perfetto trace", total=timeline.events,
-            enabled=timeline.events > PROGRESS_EVENTS) as bar:
-        writer = _Writer(file, timeline)
-        writer.describe()
-        for batch in timeline.batches():
-            writer.write(batch)
-            bar.advance(len(batch) if batch is not timeline.verdict else 0)
-        return writer.finish()
+def write_perfetto(timeline: Timeline, path: Path, jobs: int | None = None) -> int:
+    """Write `timeline` to `path` (.pftrace), the profile's events encoded in up to `jobs`
+    processes; the number of packets written."""
+    return write_parts(timeline, path, _head, _part, b"", "perfetto trace", jobs)
+
+
+def track_uuid(index: int, level: int) -> int:
+    """The uuid of a track's row at `level` (0: the track, then its overflow rows): the same
+    in every part of the trace."""
+    return level << 32 | index + 1
+
+
+def _head(timeline: Timeline, file: BinaryIO) -> int:
+    """Sequence 1: a process per rank, then the verdict's slices."""
+    writer = _Writer(file, timeline, sequence=1)
+    for process in timeline.processes:
+        descriptor = writer.packet().track_descriptor
+        descriptor.uuid = _PROCESS | process.pid
+        descriptor.process.pid = process.pid
+        descriptor.process.process_name = process.name
+        descriptor.process.process_labels.extend(process.labels)
+        descriptor.child_ordering = TrackDescriptor.EXPLICIT
+    writer.write(timeline.verdict)
+    return writer.finish()
+
+
+def _part(timeline: Timeline, rows: tuple[int, int], number: int, file: BinaryIO) -> int:
+    """Part N of the profile's events: sequence N + 1, its own interned strings."""
+    writer = _Writer(file, timeline, sequence=number + 1)
+    for batch in timeline.batches(rows):
+        writer.write(batch)
+    return writer.finish()
 
 
 class _Interned:
@@ -64,8 +84,8 @@ class _Interned:
 class _Writer:
     """Packets of one sequence, serialized in chunks."""
 
-    def __init__(self, file: BinaryIO, timeline: Timeline) -> None:
-        self.file, self.timeline = file, timeline
+    def __init__(self, file: BinaryIO, timeline: Timeline, sequence: int) -> None:
+        self.file, self.timeline, self.sequence = file, timeline, sequence
         self.builder = TraceProtoBuilder()
         self.add = self.builder.trace.packet.add
         self.count = self.pending = 0
@@ -73,14 +93,15 @@ class _Writer:
         self.categories = _Interned("event_categories", "name")
         self.arg_names = _Interned("debug_annotation_names", "name")
         self.arg_strings = _Interned("debug_annotation_string_values", "str", as_bytes=True)
-        self.uuids: dict[tuple[int, int], int] = {}  # (track, level) -> uuid
+        self.uuids: dict[tuple[int, int], int] = {}  # (track, level) -> uuid, once described
         self.nesting = Nesting()
+        self.packet(first_packet_on_sequence=True, sequence_flags=_CLEARED)
 
     def packet(self, **fields: int) -> TracePacket:
         """A new packet of the sequence with `fields` set (chunks end between batches only:
         a batch's args are added to its packets after they are all made)."""
         self.pending += 1
-        return self.add(trusted_packet_sequence_id=SEQUENCE, **fields)
+        return self.add(trusted_packet_sequence_id=self.sequence, **fields)
 
     def flush(self) -> None:
         self.file.write(self.builder.serialize())
@@ -93,30 +114,15 @@ class _Writer:
         self.flush()
         return self.count
 
-    def describe(self) -> None:
-        """The sequence's start, then a process per rank and the top-level tracks."""
-        self.packet(first_packet_on_sequence=True, sequence_flags=_CLEARED)
-        for process in self.timeline.processes:
-            descriptor = self.packet().track_descriptor
-            descriptor.uuid = _PROCESS_UUID + process.pid
-            descriptor.process.pid = process.pid
-            descriptor.process.process_name = process.name
-            descriptor.process.process_labels.extend(process.labels)
-            descriptor.child_ordering = TrackDescriptor.EXPLICIT
-        self.process_uuid = {p.rank: _PROCESS_UUID + p.pid for p in self.timeline.processes}
-
     def track_uuid(self, track: Track, level: int) -> int:
-        """The uuid of a track's row at `level` (0: itself, then overflow rows), described when
-        first used."""
-        uuid = self.uuids.get((track.index, level))
-        if uuid is None:
-            uuid = self.uuids[track.index, level] = len(self.uuids) + 1
-            descriptor = self.packet().track_descriptor
-            descriptor.uuid = uuid
-            descriptor.name = track.name
-            if track.rank is not None:
-                descriptor.parent_uuid = self.process_uuid[track.rank]
-                descriptor.sibling_order_rank = track.order
+        """The uuid of a track's row at `level`, described when first used."""
+        uuid = self.uuids[track.index, level] = track_uuid(track.index, level)
+        descriptor = self.packet().track_descriptor
+        descriptor.uuid = uuid
+        descriptor.name = track.name
+        if track.rank is not None:
+            descriptor.parent_uuid = _PROCESS | self.timeline.pids[track.rank]
+            descriptor.sibling_order_rank = track.order
         return uuid
 
     def write(self, batch: Batch) -> None:
@@ -125,20 +131,24 @@ class _Writer:
         if self.pending >= CHUNK:
             self.flush()
         self.pending += 2 * len(batch)
-        tracks, add, place = self.timeline.tracks, self.add, self.nesting.place
+        tracks, add, nesting = self.timeline.tracks, self.add, self.nesting
+        sequence = self.sequence
         name_ids, category_ids = self.names.ids, self.categories.ids
         packets = []
         row, uuid = (-1, -1), 0
         for i, (index, start, end, alone) in enumerate(zip(
                 batch.track.tolist(), batch.start.tolist(), batch.end.tolist(),
                 batch.flat.tolist(), strict=True)):
-            level, closed = place(index, start, end, alone)
-            if closed:
-                self._ends(closed)
+            if alone and not nesting.open:  # nothing open on any row: level 0, closes nothing
+                level = 0
+            else:
+                level, closed = nesting.place(index, start, end, alone)
+                if closed:
+                    self._ends(closed)
             if row != (index, level):
                 row = (index, level)
                 uuid = self.uuids.get(row) or self.track_uuid(tracks[index], level)
-            packet = add(timestamp=start, trusted_packet_sequence_id=SEQUENCE,
+            packet = add(timestamp=start, trusted_packet_sequence_id=sequence,
                          sequence_flags=_NEEDS_STATE)
             event = packet.track_event
             event.type = _BEGIN
@@ -149,7 +159,7 @@ class _Writer:
                                        or self.categories(category, packet))
             packets.append(packet)
             if alone:
-                end_event = add(timestamp=end, trusted_packet_sequence_id=SEQUENCE).track_event
+                end_event = add(timestamp=end, trusted_packet_sequence_id=sequence).track_event
                 end_event.type = _END
                 end_event.track_uuid = uuid
         self._args(packets, batch)
@@ -177,6 +187,6 @@ class _Writer:
 
     def _ends(self, closed: list[tuple[int, int, int]]) -> None:
         for index, level, end in closed:
-            event = self.add(timestamp=end, trusted_packet_sequence_id=SEQUENCE).track_event
+            event = self.add(timestamp=end, trusted_packet_sequence_id=self.sequence).track_event
             event.type = _END
             event.track_uuid = self.uuids[index, level]

@@ -13,7 +13,9 @@ aligned across ranks (the analysis's), shifted only if some would be negative.
 
 Everything is streamed in batches, in the order slices are placed: track after track, each
 track's slices by start, longest first, so a writer nests each slice in the one before it or
-opens an overflow track (same name) for one that overlaps without nesting (`Nesting`).
+opens an overflow track (same name) for one that overlaps without nesting (`Nesting`). The
+events can be cut into parts between tracks, for writers to encode in parallel
+(parallel_write.py).
 """
 
 from __future__ import annotations
@@ -89,18 +91,35 @@ class Timeline:
     processes: list[Process]
     tracks: list[Track]
     verdict: Batch  # bubbles, path segments, chain pieces (small)
-    events: int  # how many profile events `batches` yields after the verdict
+    events: int  # how many profile events `batches` yields
     shift: int  # ns added to every aligned time (0 unless some would be negative)
     flow_runs: dict[int, int] = field(default_factory=dict)
     """edge -> the first edge of its run of edges that share slices (one id per run where a
     format can give a slice only one flow id, as Chrome's v2 `bind_id`)"""
     _source: _EventSource | None = None
 
-    def batches(self) -> Iterator[Batch]:
-        """The verdict, then the profile's events, streamed."""
-        yield self.verdict
+    @property
+    def pids(self) -> dict[int, int]:
+        """rank -> the pid of its process."""
+        return {p.rank: p.pid for p in self.processes}
+
+    def parts(self, count: int) -> list[tuple[int, int]]:
+        """The profile's events cut into `count` or fewer ranges of about equal size, between
+        tracks (a track's slices are placed in one go): [start, stop) in placement order."""
+        if self._source is None or count <= 1:
+            return [(0, self.events)] if self.events else []
+        track = self._source.track[self._source.order]
+        cuts = np.flatnonzero(track[1:] != track[:-1]) + 1  # where a track begins
+        wanted = np.linspace(0, self.events, count + 1)[1:-1]
+        chosen = np.unique(cuts[np.minimum(np.searchsorted(cuts, wanted), len(cuts) - 1)]) \
+            if len(cuts) else np.zeros(0, dtype=np.int64)
+        bounds = [0, *chosen.tolist(), self.events]
+        return [(a, b) for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
+
+    def batches(self, rows: tuple[int, int]) -> Iterator[Batch]:
+        """The profile's events of `rows` (a range of `parts`), streamed."""
         if self._source is not None:
-            yield from self._source.batches()
+            yield from self._source.batches(*rows)
 
 
 class Nesting:
@@ -350,11 +369,11 @@ class _EventSource:
         self.strings = {c: _Strings(events[c]) for c in ("name", "kind", "task_type", *EVENT_ARGS)
                         if not pd.api.types.is_integer_dtype(events[c].dtype)}
 
-    def batches(self) -> Iterator[Batch]:
-        for lo in range(0, len(self.order), BATCH):
-            rows = self.order[lo:lo + BATCH]
+    def batches(self, first: int, stop: int) -> Iterator[Batch]:
+        for lo in range(first, stop, BATCH):
+            rows = self.order[lo:min(lo + BATCH, stop)]
             yield Batch(track=self.track[rows], start=self.start[rows], end=self.end[rows],
-                        flat=self.flat[lo:lo + BATCH], name=self.strings["name"].take(rows),
+                        flat=self.flat[lo:lo + len(rows)], name=self.strings["name"].take(rows),
                         category=self._categories(rows), args=self._args(rows))
 
     def _categories(self, rows: np.ndarray) -> list[str]:

@@ -239,3 +239,35 @@ def test_analyze_prints_each_steps_critical_path(tmp_path: Path) -> None:
         assert f"{kind} {ms:.3f} ms" in printed
     assert re.search(r"compute\s+rank 1 thread \d+ python\s+straggler_sleep.*compute_straggler",
                      run.stdout)
+
+
+def test_parts_written_in_parallel_read_back_as_one_trace(tmp_path: Path, monkeypatch) -> None:
+    """Large exports encode the events in forked processes, a packet sequence (or a run of
+    JSON events) per part: read back, the trace is the one written in a single process."""
+    from reports import parallel_write
+    from reports.chrome_trace import write_chrome
+    from reports.perfetto_trace import write_perfetto
+    from reports.tracks import build_timeline
+    from tracegraph.analysis.analyze import analyze
+
+    timeline = build_timeline(analyze(tracegraph.load(SEED, use_cache=False)))
+    write_perfetto(timeline, tmp_path / "one.pftrace", jobs=1)
+    write_chrome(timeline, tmp_path / "one.json", jobs=1)
+    monkeypatch.setattr(parallel_write, "PARALLEL_EVENTS", 0)
+    assert len(timeline.parts(2 * parallel_write.PARTS_PER_JOB)) >= 4  # cut between tracks
+    write_perfetto(timeline, tmp_path / "two.pftrace", jobs=2)
+    write_chrome(timeline, tmp_path / "two.json", jobs=2)
+
+    def slices(trace: Decoded) -> Counter:
+        process = {uuid: name for uuid, (_, name, _) in trace.processes.items()}
+        return Counter((process.get(trace.tracks[s.track][1]), trace.tracks[s.track][0],
+                        s.name, s.category, s.start, s.end, tuple(sorted(s.args.items())))
+                       for s in trace.slices)
+
+    one, two = decode(tmp_path / "one.pftrace"), decode(tmp_path / "two.pftrace")
+    assert two.unmatched_ends == 0 and slices(two) == slices(one)
+    assert len(two.flows()) == len(one.flows())
+    one_json, two_json = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("one", "two"))
+    assert one_json.keys() == two_json.keys()
+    assert Counter(json.dumps(e, sort_keys=True) for e in two_json["traceEvents"]) == Counter(
+        json.dumps(e, sort_keys=True) for e in one_json["traceEvents"])

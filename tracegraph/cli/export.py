@@ -44,11 +44,11 @@ def export_command(
         for path in trace.to_parquet(parquet):
             out.print(f"wrote {path}", highlight=False)
     if perfetto or chrome:
-        _export_timeline(trace, perfetto, chrome, top, threshold_ms)
+        _export_timeline(trace, perfetto, chrome, top, threshold_ms, jobs)
 
 
 def _export_timeline(trace: Trace, perfetto: Path | None, chrome: Path | None, top: int,
-                     threshold_ms: float) -> None:
+                     threshold_ms: float, jobs: int | None) -> None:
     from reports.chrome_trace import write_chrome
     from reports.perfetto_trace import write_perfetto
     from reports.tracks import build_timeline
@@ -58,7 +58,7 @@ def _export_timeline(trace: Trace, perfetto: Path | None, chrome: Path | None, t
     for path, write, unit in ((perfetto, write_perfetto, "packets"),
                               (chrome, write_chrome, "trace events")):
         if path:
-            count = write(timeline, path)
+            count = write(timeline, path, jobs)
             out.print(f"wrote {path}: {count:,} {unit}, {timeline.events:,} profile events, "
                       f"{path.stat().st_size / 2**20:.1f} MB", highlight=False)
 
