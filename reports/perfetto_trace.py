@@ -174,16 +174,29 @@ class _Writer:
     def _args(self, packets: list[TracePacket], batch: Batch) -> None:
         """Each arg column as debug annotations (names and string values interned)."""
         for name, where, values in batch.args:
-            for i, value in zip(where, values, strict=True):
-                packet = packets[i]
-                add = packet.track_event.debug_annotations.add
-                iid = self.arg_names(name, packet)
-                if isinstance(value, str):
-                    add(name_iid=iid, string_value_iid=self.arg_strings(value, packet))
-                elif isinstance(value, float):
-                    add(name_iid=iid, double_value=value)
-                else:
-                    add(name_iid=iid, int_value=value)
+            iid = self.arg_names(name, packets[where[0]])
+            types = set(map(type, values))
+            if types == {int}:
+                for i, value in zip(where, values, strict=True):
+                    packets[i].track_event.debug_annotations.add(name_iid=iid, int_value=value)
+            elif types == {str}:
+                strings, intern = self.arg_strings.ids, self.arg_strings
+                for i, value in zip(where, values, strict=True):
+                    packet = packets[i]
+                    packet.track_event.debug_annotations.add(
+                        name_iid=iid, string_value_iid=strings.get(value) or intern(value, packet))
+            else:
+                for i, value in zip(where, values, strict=True):
+                    self._arg(packets[i], iid, value)
+
+    def _arg(self, packet: TracePacket, iid: int, value: object) -> None:
+        add = packet.track_event.debug_annotations.add
+        if isinstance(value, str):
+            add(name_iid=iid, string_value_iid=self.arg_strings(value, packet))
+        elif isinstance(value, float):
+            add(name_iid=iid, double_value=value)
+        else:
+            add(name_iid=iid, int_value=value)
 
     def _ends(self, closed: list[tuple[int, int, int]]) -> None:
         for index, level, end in closed:
