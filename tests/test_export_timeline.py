@@ -194,16 +194,20 @@ def test_chrome_json_is_the_same_timeline_with_matching_v2_flows(seed) -> None:
     assert edges == len(trace.flows())
 
 
-def test_kineto_host_threads_nest_and_overlaps_get_their_own_row(tmp_path: Path) -> None:
-    """Kineto host threads nest Python and runtime events; every event must come back with
-    its exact span, whatever row (the lane, or an overflow row of the same name) it got."""
-    bundle = SAMPLES / "simulated" / "hsdp-straggler-sync-kineto.tar.gz"
+def test_kineto_host_threads_nest_and_overlaps_get_their_own_row(tmp_path: Path,
+                                                                 real: Path) -> None:
+    """A real Kineto trace (TraceLens' sample): host threads nest Python and runtime events,
+    and some events overlap without nesting; every event must come back with its exact span,
+    on its lane or on an overflow row of the same name."""
+    bundle = real / "kineto" / "tracelens"
     run = run_cli("export", str(bundle), "--perfetto", str(tmp_path / "k.pftrace"),
                   cache=tmp_path / "cache")
     assert run.returncode == 0, run.stderr
     trace = decode(tmp_path / "k.pftrace")
     assert trace.unmatched_ends == 0
     assert max(s.depth for s in trace.slices) >= 2  # nested host events
+    rows = Counter((name, parent) for name, parent, _ in trace.tracks.values())
+    assert any(n > 1 for (name, _), n in rows.items() if name not in (BUBBLES, PATH, CHAINS))
     profile = [s for s in trace.slices if s.category != "tracegraph"]
     assert len(profile) == len(tracegraph.load(bundle, use_cache=False).events)
     by_row: dict[int, list] = {}
