@@ -13,6 +13,7 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 
+from reports.critical_path import path_table
 from reports.markdown import rank_sum
 from reports.pipeline import pipeline_figure
 from reports.waterfall import MAX_SEGMENTS, waterfall
@@ -91,7 +92,8 @@ def _step_section(analysis, step: int, top: int, pipeline, figures: list[str],
     summary = summarize(analysis, step=None if step < 0 else step, top=top)
     fig = waterfall(analysis, step, top=top, max_segments=MAX_SEGMENTS // count)
     parts = [f"<h2>{'Step ' + str(step) if step >= 0 else 'Whole trace'}</h2>",
-             _kpis(summary, slowest), _causes(summary["bubbles"]), _figure_html(fig, figures)]
+             _kpis(summary, slowest), _causes(summary["bubbles"]), _figure_html(fig, figures),
+             path_table(summary["critical_path"].get(str(step)))]
     if pipeline is not None and step in pipeline.steps:
         parts.append(_figure_html(pipeline_figure(pipeline, step, analysis.origin), figures))
     return "<section>" + "\n".join(parts) + "</section>"
@@ -171,8 +173,9 @@ def _overview(analysis, steps: list[int], pipeline) -> str:
             f"{escape(source)}. Clock offsets applied (µs): {clocks or 'none'}.</p>"
             "<p class=\"note\">Times are ms from the first step's start on aligned clocks. "
             "Bars: ops by kind (short ops merged below a pixel); band under a row: bubbles "
-            "coloured by the cause they are charged to; dark line above: critical path; "
-            "arrows: causal chain of the top bubbles.</p>")
+            "coloured by the cause they are charged to; shaded rows: those the critical path "
+            "runs through, its segments drawn above the ops coloured by kind (legend: "
+            "critical path); arrows: causal chain of the top bubbles.</p>")
 
 
 def _totals(analysis, step: int | None) -> str:

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from reports.critical_path import path_lines
 from reports.markdown import rank_sum
 from tracegraph import causes
 from tracegraph.analysis.analyze import Analysis
@@ -25,7 +26,8 @@ _CATEGORY_WORDS = re.compile(r"\b(?:" + "|".join(map(re.escape, causes.CATEGORIE
 def print_analysis(console: Console, summary: dict[str, object],
                    analysis: Analysis | None = None) -> None:
     """Step times, bubble time per category (summed over ranks; with `analysis`, the slowest
-    rank's own too), and the top bubbles with their causal chains."""
+    rank's own too), each step's critical path, and the top bubbles with their causal
+    chains."""
     slowest = metrics.slowest_rank_bubbles(analysis) if analysis is not None else {}
     for step in summary["steps"]:
         table = Table(title=f"step {step['step']}: {step['max_ms']:.1f} ms (slowest rank)")
@@ -36,6 +38,8 @@ def print_analysis(console: Console, summary: dict[str, object],
         console.print(table)
         for line in step_bubble_lines(step, slowest.get(step["step"])):
             console.print(styled(line), highlight=False)
+        for line in path_lines(summary["critical_path"].get(str(step["step"]))):
+            console.print(styled(line), highlight=False, soft_wrap=True)
     offsets = summary["clock_offsets_ns"]
     if any(offsets.values()):
         shown = ", ".join(f"rank {r}: {ns / 1e3:+.1f} µs" for r, ns in offsets.items())

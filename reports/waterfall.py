@@ -1,5 +1,6 @@
 """The waterfall of one step: a row per rank × lane, ops by kind, bubbles by blame, the critical
-path, and the causal chain of each top bubble drawn as arrows across ranks.
+path (its rows shaded, its segments coloured by kind), and the causal chain of each top bubble
+drawn as arrows across ranks.
 
 Sizes stay bounded whatever the profile: ops narrower than one pixel of the overview (the step span
 over OVERVIEW_PX) merge, per lane, with their short neighbours into one block, and the resolution
@@ -19,6 +20,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from reports.critical_path import KIND_COLORS as PATH_KIND_COLORS
 from tracegraph import causes, schema
 from tracegraph.analysis.blame import Bubble
 
@@ -36,7 +38,9 @@ KIND_COLORS = {
     schema.WAIT: "#b0b0b0", schema.RECORD: "#555555", schema.COMM_TASK: "#a1d99b",
 }
 CATEGORY_COLORS = causes.COLORS  # the bubble band's colours, one per root-cause category
-PATH_COLOR = "#111111"
+PATH_GROUP = "critical path"
+PATH_ROWS = "rows it runs through"
+PATH_ROW_COLOR = "rgba(255, 196, 0, 0.22)"
 MAIN_LANES = "main lanes"
 OTHER_LANES = "comm planes & host threads"
 BUBBLES = "bubbles, by cause"
@@ -82,10 +86,12 @@ def waterfall(analysis, step: int, *, top: int = 5, max_segments: int = MAX_SEGM
     rows = lane_rows(analysis.ops.lanes)
     origin = analysis.origin
     fig = go.Figure()
+    path = analysis.critical_paths.get(step, [])
+    _shade_path_rows(fig, path, rows, (lo, hi), origin)
     _add_ops(fig, analysis, rows, inside, start, end, (lo, hi), origin, max_segments)
     bubbles = [b for b in analysis.bubbles if b.step == step]
     _add_bubbles(fig, bubbles, rows, origin)
-    _add_path(fig, analysis.critical_paths.get(step, []), rows, (hi - lo) / OVERVIEW_PX, origin)
+    _add_path(fig, path, rows, (hi - lo) / OVERVIEW_PX, origin)
     fig.update_layout(annotations=chain_arrows(bubbles[:min(top, MAX_CHAINS)], rows, origin))
     _layout(fig, rows, step, (lo - origin) / NS_PER_MS, (hi - origin) / NS_PER_MS)
     return fig
@@ -229,27 +235,50 @@ def _piece_text(bubble: Bubble, piece, origin: int) -> str:
             f"root: rank {piece.rank} · {piece.lane} · {piece.name}{note}")
 
 
+def _shade_path_rows(fig: go.Figure, path: list, rows: Rows, window: tuple[int, int],
+                     origin: int) -> None:
+    """The rows the critical path runs through, shaded across the step (under the ops)."""
+    ms: dict[int, float] = {}
+    for seg in path:
+        row = _row_of(rows, seg.rank, seg.lane)
+        if row >= 0:
+            ms[row] = ms.get(row, 0.0) + (seg.end - seg.start) / NS_PER_MS
+    if not ms:
+        return
+    shaded = np.array(sorted(ms))
+    text = np.array([f"critical path runs through {rows.labels[r]}: {ms[r]:.3f} ms"
+                     for r in shaded], dtype=object)
+    lo, hi = window
+    _segments_trace(fig, np.full(len(shaded), lo), np.full(len(shaded), hi), shaded, text,
+                    origin, name=PATH_ROWS, color=PATH_ROW_COLOR, width=_bar_px(rows) / 0.45,
+                    group=PATH_GROUP)
+
+
 def _add_path(fig: go.Figure, path: list, rows: Rows, resolution: float, origin: int) -> None:
-    """The critical path as a dark line just above the ops it runs through."""
+    """The critical path's segments just above the ops they run through, coloured by kind
+    (compute, transfer, wait): one legend entry each."""
     if not path:
         return
     row = np.array([_row_of(rows, s.rank, s.lane) for s in path])
     start = np.array([s.start for s in path], dtype=np.int64)
     end = np.array([s.end for s in path], dtype=np.int64)
-    keep = row >= 0
-    order = np.lexsort((start[keep], row[keep]))
-    row, start, end = row[keep][order], start[keep][order], end[keep][order]
+    kind = np.array([s.kind for s in path], dtype=object)
     names = np.array([f"{s.name} ({s.kind}, {s.category}, rank {s.rank})" for s in path],
                      dtype=object)
-    names = names[keep][order]
-    blocks = merge_blocks(row, start, end, np.zeros(len(row), dtype=np.int64), resolution,
-                          MAX_BUBBLE_PIECES)
-    text = np.array([f"critical path: {n}" + (f" +{c - 1} more" if c > 1 else "")
-                     for n, c in zip(names[blocks.first], blocks.count, strict=True)],
-                    dtype=object)
-    _segments_trace(fig, blocks.start, blocks.end, row[blocks.first], text, origin,
-                    name="critical path", color=PATH_COLOR, width=2, group="critical path",
-                    offset=-0.32)
+    for name, color in PATH_KIND_COLORS.items():
+        keep = (row >= 0) & (kind == name)
+        if not keep.any():
+            continue
+        order = np.lexsort((start[keep], row[keep]))
+        r, a, b, n = row[keep][order], start[keep][order], end[keep][order], names[keep][order]
+        blocks = merge_blocks(r, a, b, np.zeros(len(r), dtype=np.int64), resolution,
+                              MAX_BUBBLE_PIECES)
+        text = np.array([f"critical path: {label}" + (f" +{c - 1} more" if c > 1 else "")
+                         for label, c in zip(n[blocks.first], blocks.count, strict=True)],
+                        dtype=object)
+        _segments_trace(fig, blocks.start, blocks.end, r[blocks.first], text, origin,
+                        name=f"{PATH_GROUP} · {name}", color=color,
+                        width=max(_bar_px(rows) / 3, 3), group=PATH_GROUP, offset=-0.32)
 
 
 def chain_arrows(bubbles: list[Bubble], rows: Rows, origin: int) -> list[dict[str, object]]:

@@ -123,7 +123,8 @@ def test_gloo_waterfall_draws_ops_bubbles_and_path(gloo) -> None:
         "r0", "r0", "r0", "r1", "r1", "r1", "r2", "r3", "r3"]
     assert all("peer " in t and " B" in t for t in long)
     assert any(t.legendgroup == BUBBLES for t in fig.data)
-    assert any(t.name == "critical path" for t in fig.data)
+    path = {t.name for t in fig.data if t.legendgroup == "critical path"}
+    assert "rows it runs through" in path and "critical path · compute" in path
     assert all(t.type == "scattergl" for t in fig.data)
 
 

@@ -110,3 +110,30 @@ def test_simulated_sample_pages_load_without_errors(browser: BrowserContext, tmp
     ranks = {row.split(" · ")[0] for fig in figures for row in fig["rows"]}
     expected = 8 if name.startswith("ep-") else 4  # the simulated job's profiled ranks
     assert len(ranks) == expected
+
+
+def test_critical_path_rows_are_shaded_listed_and_in_the_legend(gloo_page) -> None:
+    page, _ = gloo_page
+    analysis = analyze(tracegraph.load(REAL / "kineto" / "gloo_pp2_dp2", use_cache=False))
+    path = analysis.critical_paths[2]  # the first figure: ProfilerStep#2
+    figure = page.evaluate(FIGURES)[0]
+    shaded = page.evaluate("""() => {
+        const gd = document.querySelector('.plotly-graph-div');
+        const t = gd._fullData.find(t => t.name === 'rows it runs through' && t.mode === 'lines');
+        return Array.from(t.y).filter(y => !Number.isNaN(y));
+    }""")
+    rows = figure["rows"]
+    assert {rows[round(y)] for y in shaded} == {f"r{s.rank} · {s.lane}" for s in path}
+    legend = set(page.locator(".plotly-graph-div").first.locator(
+        ".legend text").all_text_contents())
+    kinds = {s.kind for s in path}
+    assert {"critical path", "rows it runs through"} <= legend
+    assert {f"critical path · {kind}" for kind in kinds} <= legend
+    table = page.locator("table.critical-path").first
+    runs = table.locator("tr.run")
+    assert runs.count() >= 3
+    # README: rank 1 sleeps 200 ms; the step's path runs through that sleep on rank 1
+    sleep = table.locator("tr.run", has_text="straggler_sleep")
+    assert sleep.get_attribute("data-rank") == "1" and sleep.get_attribute("data-kind") == \
+        "compute"
+    assert "compute_straggler" in sleep.inner_text()

@@ -1,30 +1,66 @@
-"""`tracegraph export` and `tracegraph graph`: the normalized tables and the dependency DAG."""
+"""`tracegraph export` and `tracegraph graph`: the normalized tables, the timeline for Perfetto UI
+and chrome://tracing, and the dependency DAG."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from parsers.base import TraceError
 from tracegraph.cli.common import friendly_errors, load_bundle, out
 from tracegraph.cli.options import Bundle, CacheDir, Dask, Jobs, NoCache, RankMap
+
+if TYPE_CHECKING:
+    from tracegraph.loading.trace import Trace
 
 
 @friendly_errors
 def export_command(
     bundle: Bundle,
-    parquet: Annotated[Path, typer.Option(help="Folder for events/groups/ranks.parquet.")],
+    parquet: Annotated[Path | None, typer.Option(
+        help="Folder for events/groups/ranks.parquet.")] = None,
+    perfetto: Annotated[Path | None, typer.Option(
+        help="FILE.pftrace for Perfetto UI: every rank on the aligned clock, with tracks for "
+             "the bubbles, the critical path and the top bubbles' causal chains.")] = None,
+    chrome: Annotated[Path | None, typer.Option(
+        help="FILE.json: the same as Chrome trace-event JSON (chrome://tracing).")] = None,
     cache_dir: CacheDir = None,
     no_cache: NoCache = False,
     jobs: Jobs = None,
     rank_map: RankMap = None,
     dask: Dask = None,
+    top: Annotated[int, typer.Option(help="Bubbles whose causal chain is drawn as flows.")] = 10,
+    threshold_ms: Annotated[float, typer.Option(help="Shortest stall counted a bubble.")] = 1.0,
 ) -> None:
-    """Write the normalized tables as Parquet (schema: tracegraph/schema.py, docs/schema.md)."""
+    """Write the normalized tables as Parquet (schema: docs/schema.md) and the timeline with the
+    verdict for Perfetto UI (--perfetto) or chrome://tracing (--chrome)."""
+    if not (parquet or perfetto or chrome):
+        raise TraceError("export: name at least one of --parquet DIR, --perfetto FILE.pftrace, "
+                         "--chrome FILE.json")
     trace = load_bundle(bundle, cache_dir, no_cache, jobs, rank_map, dask)
-    for path in trace.to_parquet(parquet):
-        out.print(f"wrote {path}", highlight=False)
+    if parquet:
+        for path in trace.to_parquet(parquet):
+            out.print(f"wrote {path}", highlight=False)
+    if perfetto or chrome:
+        _export_timeline(trace, perfetto, chrome, top, threshold_ms, jobs)
+
+
+def _export_timeline(trace: Trace, perfetto: Path | None, chrome: Path | None, top: int,
+                     threshold_ms: float, jobs: int | None) -> None:
+    from reports.chrome_trace import write_chrome
+    from reports.perfetto_trace import write_perfetto
+    from reports.tracks import build_timeline
+    from tracegraph.analysis.analyze import analyze
+
+    timeline = build_timeline(analyze(trace, threshold_ms=threshold_ms), top=top)
+    for path, write, unit in ((perfetto, write_perfetto, "packets"),
+                              (chrome, write_chrome, "trace events")):
+        if path:
+            count = write(timeline, path, jobs)
+            out.print(f"wrote {path}: {count:,} {unit}, {timeline.events:,} profile events, "
+                      f"{path.stat().st_size / 2**20:.1f} MB", highlight=False)
 
 
 @friendly_errors
