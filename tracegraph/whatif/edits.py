@@ -75,11 +75,10 @@ class Scale:
                                                 f"× {self.factor:g}")
         ops = np.flatnonzero(select(subject, self.selector) & ~model.virtual[1:2 * model.ops:2])
         const[end(ops)] = np.round(const[end(ops)] * self.factor)
-        ms = (model.const[end(ops)].sum() - const[end(ops)].sum()) / 1e6
+        ms = (const[end(ops)].sum() - model.const[end(ops)].sum()) / 1e6
         return model.replace(const=const), (f"{len(ops):,} {self.selector} ops × "
-                                            f"{self.factor:g} ({ms:+.1f} ms of their own time "
-                                            "removed)" if ms >= 0 else
-                                            f"{len(ops):,} {self.selector} ops × {self.factor:g}")
+                                            f"{self.factor:g} ({ms:+.1f} ms of their own time, "
+                                            "all ranks and steps)")
 
 
 @dataclass(frozen=True)
@@ -95,18 +94,17 @@ class RemoveWait:
 
     def apply(self, subject: Subject, model: TimingModel) -> tuple[TimingModel, str]:
         waiting = np.isin(model.kind, WAITED_AT) & (model.dst < 2 * model.ops)
+        waiter = np.minimum(model.dst // 2, model.ops - 1)  # instance nodes: masked by waiting
         category = _category(self.selector)
         if category and category in set(subject.category):
             on = {edge for edge, _, comm in subject.releases()
                   if subject.category[comm] == category}
             drop = np.zeros(len(model.src), dtype=bool)
             drop[list(on)] = True
-            drop |= waiting & (model.dst % 2 == 1) & (subject.category[model.dst // 2]
-                                                      == category)
+            drop |= waiting & (model.dst % 2 == 1) & (subject.category[waiter] == category)
         else:
             ops = select(subject, self.selector)
-            drop = waiting & ops[np.minimum(model.dst // 2, model.ops - 1)] & (
-                model.dst % 2 == 1)
+            drop = waiting & ops[waiter] & (model.dst % 2 == 1)
         if not drop.any():
             return model, f"{self.selector}: no op of it waits for another lane or rank"
         ops = len(np.unique(model.dst[drop]))

@@ -39,6 +39,7 @@ import numpy as np
 from tracegraph import schema
 from tracegraph.analysis.analyze import Analysis
 from tracegraph.graph.depgraph import DepGraph
+from tracegraph.graph.match import BLOCKING_WAIT_NS
 
 EDGE_KINDS = ("stream", "own", "launch", "gate", "event_wait", "queue", "p2p", "arrival",
               "collective", "host_release", "host_sync", "shared_queue", "drain", "hold")
@@ -144,12 +145,25 @@ def build_model(analysis: Analysis) -> TimingModel:
     _fit(model)
     model = _with_inferred(model, graph)
     _fit(model)
-    unmatched = np.flatnonzero((graph.kind == schema.WAIT) & (graph.dep < 0) & ~graph.host_side
-                               & (graph.end - graph.start > GAP_NS))
-    if len(unmatched):
-        model.notes.append(f"{len(unmatched)} blocking waits have no matched record: they keep "
-                           "their measured length in every prediction")
+    model.notes += _unmatched_waits(graph)
     return model
+
+
+def _unmatched_waits(graph: DepGraph) -> list[str]:
+    """What the model says of device waits matched to no record: a blocking one keeps its
+    measured length; one that did not block (Ascend names no event: only a blocking wait is
+    matched, by time) cannot block in a prediction that makes its record later."""
+    unmatched = (graph.kind == schema.WAIT) & (graph.dep < 0) & ~graph.host_side
+    blocking = int((unmatched & (graph.end - graph.start > BLOCKING_WAIT_NS)).sum())
+    free = int(unmatched.sum()) - blocking
+    notes = []
+    if blocking:
+        notes.append(f"{blocking} blocking waits have no matched record: they keep their "
+                     "measured length in every prediction")
+    if free:
+        notes.append(f"{free} waits did not block and name no record (no event id): they "
+                     "cannot block in a prediction that makes their record later")
+    return notes
 
 
 def _static_edges(analysis: Analysis, instances: list[np.ndarray]
