@@ -4,27 +4,18 @@ corpus and the real profiles with a timeline. Analyses are cached per test proce
 
 from __future__ import annotations
 
-import atexit
 import functools
-import shutil
-import tempfile
 from pathlib import Path
 
 import tracegraph
 from tests.conftest import SAMPLES
+from tests.test_checks import sim_dir
 from tracegraph.analysis.analyze import Analysis, analyze
 from tracegraph.simulate import SCENARIOS
 
 FORMATS = ("ascend", "kineto")
-SMALL = {"large": {"ranks": 8, "kernels_per_chunk": 24}}  # the benchmark scenario, kept small
+SMALL = {"large": {"ranks": 8, "microbatches": 4, "kernels_per_chunk": 8}}  # the benchmark, small
 SIMULATED = [(name, fmt) for name in sorted(SCENARIOS) for fmt in FORMATS]
-
-
-@functools.cache
-def _folder() -> Path:
-    folder = Path(tempfile.mkdtemp(prefix="tracegraph-whatif-"))
-    atexit.register(shutil.rmtree, folder, ignore_errors=True)
-    return folder
 
 
 @functools.cache
@@ -37,7 +28,7 @@ def simulated(name: str, fmt: str) -> Path:
     from tracegraph.simulate.bundle_writer import write_bundle
 
     timeline = simulate(name, seed=0, steps=1, **SMALL.get(name, {}))
-    return write_bundle(timeline, _folder() / f"{name}-{fmt}.tar.gz", fmt)
+    return write_bundle(timeline, sim_dir() / f"{name}-{fmt}.tar.gz", fmt)
 
 
 @functools.cache

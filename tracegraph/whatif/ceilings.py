@@ -15,8 +15,9 @@ from __future__ import annotations
 import numpy as np
 
 from tracegraph import causes
-from tracegraph.analysis.analyze import Analysis
+from tracegraph.analysis.analyze import PROGRESS_EVENTS, Analysis
 from tracegraph.analysis.stragglers import profiled_ns, slow_ops
+from tracegraph.progress import Progress
 from tracegraph.whatif.edits import LAUNCH, Edit, Scale, Straggler
 from tracegraph.whatif.predict import Prediction, predict
 from tracegraph.whatif.subject import Subject
@@ -74,16 +75,20 @@ def _ceilings(subject: Subject) -> dict[str, object]:
     if not baseline.predicted:
         return {"causes": [], "refused": sorted(set(baseline.refused.values()))}
     rows, every = [], []
-    for category in found:
-        edits = remover(subject, category)
-        if not edits:
-            rows.append({"category": category, "ceiling_ms": None,
-                         "why": NO_FIX.get(category, "no edit models its removal")})
-            continue
-        every += edits
-        rows.append({"category": category, **_ceiling(predict(subject, edits)),
-                     "edit": ", ".join(e.label for e in edits)})
-    together = _ceiling(predict(subject, every)) if every else {"ceiling_ms": 0.0}
+    with Progress("gain ceilings: one replay per cause", total=len(found) + 1,
+                  enabled=len(analysis.trace.events) > PROGRESS_EVENTS) as bar:
+        for category in found:
+            edits = remover(subject, category)
+            if edits:
+                every += edits
+                rows.append({"category": category, **_ceiling(predict(subject, edits)),
+                             "edit": ", ".join(e.label for e in edits)})
+            else:
+                rows.append({"category": category, "ceiling_ms": None,
+                             "why": NO_FIX.get(category, "no edit models its removal")})
+            bar.advance()
+        together = _ceiling(predict(subject, every)) if every else {"ceiling_ms": 0.0}
+        bar.advance()
     total = sum(r["ceiling_ms"] or 0.0 for r in rows)
     rows.sort(key=lambda r: -(r["ceiling_ms"] or -1.0))
     return {"causes": rows, "together": together,

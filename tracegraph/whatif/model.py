@@ -40,6 +40,7 @@ from tracegraph import schema
 from tracegraph.analysis.analyze import Analysis
 from tracegraph.graph.depgraph import DepGraph
 from tracegraph.graph.match import BLOCKING_WAIT_NS
+from tracegraph.whatif.inferred import inferred_edges
 
 EDGE_KINDS = ("stream", "own", "launch", "gate", "event_wait", "queue", "p2p", "arrival",
               "collective", "host_release", "host_sync", "shared_queue", "drain", "hold")
@@ -48,9 +49,6 @@ start), `arrival` (a member's start → its instance's last arrival), and the ed
 reduction drained before the optimizer) and `hold` (a send held until a reduction is done)."""
 KIND = {name: code for code, name in enumerate(EDGE_KINDS)}
 EAGER_NS = 50_000  # a P2P half ending this long before its peer posted did not wait for it
-GAP_NS = 2_000  # a start this much after its latest predecessor: look for what held it
-_DEVICE = (schema.COMPUTE, schema.MEMCPY, schema.COLLECTIVE, schema.P2P, schema.RECORD,
-           schema.WAIT)
 
 
 @dataclass
@@ -248,38 +246,13 @@ def _fit(model: TimingModel) -> None:
 
 
 def _with_inferred(model: TimingModel, graph: DepGraph) -> TimingModel:
-    """Add the edges inferred by time where a stretch is otherwise unexplained: a device op
-    started well after everything it waits for (a blocked host, one hardware queue), an idle host
-    thread or annotation stretch ended as a comm op on another thread did."""
+    """Add the edges inferred by time (inferred.py) where the constants show an unexplained
+    stretch."""
     n = model.ops
-    idx = np.arange(n, dtype=np.int64)
-    latest = model.latest(model.measured)
-    gap = model.const[0:2 * n:2]
-    held = np.flatnonzero((gap >= GAP_NS) & (graph.mode == schema.STREAM) & ~graph.host_side
-                          & np.isin(graph.kind, _DEVICE) & (latest[0:2 * n:2] >= 0))
-    found: dict[str, list[tuple[int, int]]] = {"host_sync": [], "shared_queue": [],
-                                               "host_release": []}
-    for op in held.tolist():
-        lo, hi = int(latest[start(op)]), int(graph.start[op])
-        launch = int(graph.launch[op])
-        freed = graph.host_sync(op) if launch > lo else -1
-        if freed >= 0 and graph.end[freed] > lo:
-            found["host_sync"].append((end(freed), start(op)))
-            continue
-        queued = graph.shared_queue(op, lo, hi) if launch < lo else -1
-        if queued >= 0:
-            found["shared_queue"].append((end(queued), start(op)))
-    thread = graph.mode == schema.THREAD
-    for op in idx[thread & (graph.kind == schema.MARKER)].tolist():
-        releaser = graph.host_release(op, int(graph.start[op]), int(graph.end[op]))
-        if releaser >= 0:
-            found["host_release"].append((end(releaser), end(op)))
-    for op in idx[thread & (gap >= GAP_NS) & (latest[0:2 * n:2] >= 0)].tolist():
-        releaser = graph.host_release(op, int(latest[start(op)]), int(graph.start[op]))
-        if releaser >= 0:
-            found["host_release"].append((end(releaser), start(op)))
-    for kind, pairs in found.items():
-        if pairs:
-            src, dst = (np.array(x, dtype=np.int64) for x in zip(*pairs, strict=True))
-            model = model.with_edges(src, dst, kind)
+    latest = model.latest(model.measured)[0:2 * n:2]
+    found = inferred_edges(graph, latest, model.const[0:2 * n:2])
+    for kind, (releaser, held, at_end) in found.items():
+        if len(held):
+            model = model.with_edges(end(releaser), np.where(at_end, end(held), start(held)),
+                                     kind)
     return model
