@@ -20,6 +20,7 @@ from tracegraph.whatif.summary import summarize_prediction
 
 SHOWN = 10  # bubbles and path segments listed per table in the terminal
 SHOWN_RANKS = 16  # rank rows listed in the terminal
+MAX_PAIRS = 4  # steps whose measured and predicted waterfalls the report draws
 PAGE_STYLE = (".whatif-pair { display: flex; flex-wrap: wrap; gap: 1em; } "
               ".whatif-pair > div { flex: 1 1 640px; min-width: 0; }")
 
@@ -155,8 +156,9 @@ def whatif_sections(prediction: Prediction | None, figures: list[str], figure_ht
                      f"{summary['replay']['max_error_pct']:.3f} %</span></p>")
         parts.append(_bubble_table(summary["bubbles"]["vanished"]))
     predicted = predicted_analysis(prediction)
-    count = max(len(prediction.predicted), 1)
-    for step in prediction.predicted:
+    drawn = _drawn_steps(summary)
+    count = max(len(drawn), 1)
+    for step in drawn:
         measured = waterfall(prediction.analysis, step, top=0, max_segments=MAX_SEGMENTS // (
             4 * count))
         after = waterfall(predicted, step, top=0, max_segments=MAX_SEGMENTS // (4 * count))
@@ -166,6 +168,12 @@ def whatif_sections(prediction: Prediction | None, figures: list[str], figure_ht
         parts.append(f"<div class=\"whatif-pair\"><div>{figure_html(measured, figures)}</div>"
                      f"<div>{figure_html(after, figures)}</div></div>")
     return ["\n".join([*parts, "</section>"])]
+
+
+def _drawn_steps(summary: dict[str, object]) -> list[int]:
+    """The predicted steps drawn: the MAX_PAIRS slowest measured, in order."""
+    steps = sorted(summary["steps"], key=lambda s: -s["measured_ms"])[:MAX_PAIRS]
+    return sorted(int(s["step"]) for s in steps)
 
 
 def predicted_analysis(prediction: Prediction):
