@@ -31,6 +31,7 @@ import pandas as pd
 
 from tracegraph import causes, schema
 from tracegraph.analysis.stragglers import profiled_ns, slow_ops
+from tracegraph.analysis.walk import MIN_PIECE_NS
 from tracegraph.whatif.model import KIND, TimingModel, end, start
 from tracegraph.whatif.subject import RELEASES, Subject
 
@@ -57,7 +58,8 @@ class Edit(Protocol):
 @dataclass(frozen=True)
 class Scale:
     """Ops of `selector` take `factor` times as long (communication: its transfer); `launch`
-    scales the launch delays before ops instead."""
+    scales the launch delays before ops instead (those of MIN_PIECE_NS at least: shorter gaps
+    are the device's own spacing between kernels)."""
 
     selector: str
     factor: float
@@ -69,7 +71,8 @@ class Scale:
     def apply(self, subject: Subject, model: TimingModel) -> tuple[TimingModel, str]:
         const = model.const.copy()
         if self.selector == LAUNCH:
-            delayed = np.flatnonzero(model.has_predecessor()[0:2 * model.ops:2])
+            delayed = np.flatnonzero(model.has_predecessor()[0:2 * model.ops:2]
+                                     & (model.const[0:2 * model.ops:2] >= MIN_PIECE_NS))
             const[start(delayed)] = np.round(const[start(delayed)] * self.factor)
             return model.replace(const=const), (f"launch delays before {len(delayed):,} ops "
                                                 f"× {self.factor:g}")
