@@ -16,7 +16,8 @@ a lane's first op):
 - the end of a P2P half waits for its start and the other half's: the transfer after the later
   posting (a buffered send that completed before its receive was posted does not wait);
 - the end of an Ascend EVENT_WAIT waits for its start and the start of the record it waited on:
-  the wake-up after the record;
+  the wake-up after the record (one that did not block, which no event id names: the record
+  launched right before it on another stream, see `_with_launch_pairs`);
 - a Kineto stream wait (host-side) passes when what was queued before it and its recorded
   producer are done (constant 0); so does an instance's last arrival;
 - the end of an annotation stretch a comm op released waits for that comm op's end: the wake-up.
@@ -39,7 +40,7 @@ import numpy as np
 from tracegraph import schema
 from tracegraph.analysis.analyze import Analysis
 from tracegraph.graph.depgraph import DepGraph
-from tracegraph.graph.match import BLOCKING_WAIT_NS
+from tracegraph.graph.match import BLOCKING_WAIT_NS, RECORD_WINDOW_NS
 from tracegraph.whatif.inferred import inferred_edges
 
 EDGE_KINDS = ("stream", "own", "launch", "gate", "event_wait", "queue", "p2p", "arrival",
@@ -143,15 +144,20 @@ def build_model(analysis: Analysis) -> TimingModel:
     _fit(model)
     model = _with_inferred(model, graph)
     _fit(model)
-    model.notes += _unmatched_waits(graph)
+    model = _with_launch_pairs(model, analysis)
+    _fit(model)
+    model.notes += _unmatched_waits(model, graph)
     return model
 
 
-def _unmatched_waits(graph: DepGraph) -> list[str]:
+def _unmatched_waits(model: TimingModel, graph: DepGraph) -> list[str]:
     """What the model says of device waits matched to no record: a blocking one keeps its
     measured length; one that did not block (Ascend names no event: only a blocking wait is
     matched, by time) cannot block in a prediction that makes its record later."""
     unmatched = (graph.kind == schema.WAIT) & (graph.dep < 0) & ~graph.host_side
+    tied = np.zeros(len(graph), dtype=bool)
+    tied[model.dst[model.kind == KIND["event_wait"]] // 2] = True
+    unmatched &= ~tied
     blocking = int((unmatched & (graph.end - graph.start > BLOCKING_WAIT_NS)).sum())
     free = int(unmatched.sum()) - blocking
     notes = []
@@ -207,6 +213,38 @@ def _without_eager_sends(model: TimingModel) -> TimingModel:
     model = model.without_edges(eager)
     model.notes.append(f"{int(eager.sum())} P2P halves completed before their peer posted "
                        "(buffered sends): they do not wait for it")
+    return model
+
+
+def _with_launch_pairs(model: TimingModel, analysis: Analysis) -> TimingModel:
+    """Add, for each device wait matched to no record (an Ascend EVENT_WAIT that did not block:
+    no event id names its record), the record on another lane of its rank launched right before
+    it (the next-lower correlation id: `record(); wait_event()`), executed no later than the wait
+    ended. Not between streams of one hardware queue: they execute in launch order, so there a
+    record launched before a wait ran before it whatever event the wait is on."""
+    graph = analysis.graph
+    corr = analysis.ops.frame["correlation"].to_numpy()
+    ops = np.flatnonzero(np.isin(graph.kind, [schema.RECORD, schema.WAIT]) & (corr >= 0)
+                         & ~graph.host_side)
+    ops = ops[np.lexsort((corr[ops], graph.rank[ops]))]
+    wait, record = ops[1:], ops[:-1]
+    paired = ((graph.kind[wait] == schema.WAIT) & (graph.dep[wait] < 0)
+              & (graph.kind[record] == schema.RECORD) & (graph.rank[record] == graph.rank[wait])
+              & (corr[record] == corr[wait] - 1) & (graph.lane_id[record] != graph.lane_id[wait])
+              & (graph.start[record] <= graph.end[wait] + RECORD_WINDOW_NS))
+    queued = model.kind == KIND["shared_queue"]
+    shared = {frozenset(pair) for pair in zip(graph.lane_id[model.src[queued] // 2].tolist(),
+                                              graph.lane_id[model.dst[queued] // 2].tolist(),
+                                              strict=True)}
+    if shared:
+        paired &= np.array([frozenset((a, b)) not in shared for a, b in zip(
+            graph.lane_id[record].tolist(), graph.lane_id[wait].tolist(), strict=True)],
+            dtype=bool)
+    if not paired.any():
+        return model
+    model = model.with_edges(start(record[paired]), end(wait[paired]), "event_wait")
+    model.notes.append(f"{int(paired.sum())} waits that did not block are tied to the record "
+                       "launched right before them (no event id names it)")
     return model
 
 
