@@ -159,3 +159,14 @@ def test_waits_tied_by_launch_order_name_their_record(name: str) -> None:
         return joined.set_index("op")["event_id"].reindex(ops).to_numpy()
 
     assert np.array_equal(event_ids(waits), event_ids(records))
+
+
+def test_edits_compose_in_either_order() -> None:
+    """An edit that drops edges does not shift what a later edit names: removing the pipeline's
+    waits and decoupling the reductions commute."""
+    analysis = analysed(simulated("hsdp-straggler-sync", "ascend"))
+    one = predict(analysis, [RemoveWait("pp_p2p"), DecoupleReduction()])
+    other = predict(analysis, [DecoupleReduction(), RemoveWait("pp_p2p")])
+    assert np.array_equal(one.after.timing.times, other.after.timing.times)
+    assert one.step_time()["predicted_ms"] < predict(analysis, [DecoupleReduction()]).step_time(
+        )["predicted_ms"]

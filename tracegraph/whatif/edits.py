@@ -100,10 +100,10 @@ class RemoveWait:
         waiter = np.minimum(model.dst // 2, model.ops - 1)  # instance nodes: masked by waiting
         category = _category(self.selector)
         if category and category in set(subject.category):
-            on = {edge for edge, _, comm in subject.releases()
-                  if subject.category[comm] == category}
-            drop = np.zeros(len(model.src), dtype=bool)
-            drop[list(on)] = True
+            on = [edge for edge, _, comm in subject.releases
+                  if subject.category[comm] == category]
+            base = subject.model
+            drop = model.edges_between(base.src[on], base.dst[on])
             drop |= waiting & (model.dst % 2 == 1) & (subject.category[waiter] == category)
         else:
             ops = select(subject, self.selector)

@@ -88,6 +88,13 @@ class TimingModel:
         keep = ~drop
         return self.replace(src=self.src[keep], dst=self.dst[keep], kind=self.kind[keep])
 
+    def edges_between(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+        """Mask of this model's predecessor edges that run from one of `src` to the `dst` at
+        the same position (edits name edges of the unmodified model, whose indices other edits
+        may have shifted)."""
+        key = self.src * self.nodes + self.dst
+        return np.isin(key, np.asarray(src, dtype=np.int64) * self.nodes + np.asarray(dst))
+
     def latest(self, times: np.ndarray) -> np.ndarray:
         """Per node: its latest predecessor's time under `times` (-1 when it has none)."""
         latest = np.full(self.nodes, np.iinfo(np.int64).min, dtype=np.int64)
@@ -100,13 +107,6 @@ class TimingModel:
         has = self.chain >= 0
         has[self.dst] = True
         return has
-
-    def edge_kind(self, src: int, dst: int) -> str:
-        """Why node dst waited for node src."""
-        if self.chain[dst] == src:
-            return "stream" if dst % 2 == 0 and dst < 2 * self.ops else "own"
-        hit = np.flatnonzero((self.src == src) & (self.dst == dst))
-        return EDGE_KINDS[self.kind[hit[0]]] if len(hit) else "stream"
 
 
 def start(op: np.ndarray | int) -> np.ndarray | int:

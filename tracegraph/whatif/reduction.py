@@ -31,7 +31,7 @@ NEIGHBOURS = 16  # ops looked at on each side of a reduction's launch for the se
 class ReductionWait:
     """A release edge from a DP reduction to the op that waited for it."""
 
-    edge: int
+    edge: int  # of the unmodified model (Subject.model)
     op: int  # the waiting op
     reduction: int  # the (last) reduction collective it waited for
     send: int  # the send it holds back, -1 if none
@@ -40,7 +40,7 @@ class ReductionWait:
 def reduction_waits(subject: Subject) -> list[ReductionWait]:
     """Every release edge whose source is a data-parallel reduction."""
     return [ReductionWait(edge, op, comm, subject.handoff(op))
-            for edge, op, comm in subject.releases()
+            for edge, op, comm in subject.releases
             if subject.category[comm] == causes.DP_REDUCTION
             and subject.graph.kind[comm] == schema.COLLECTIVE]
 
@@ -58,17 +58,17 @@ class DecoupleReduction:
         held = [w for w in waits if w.send >= 0]
         if not held:
             return model, _nothing(waits, "precedes a send")
-        drop = np.zeros(len(model.src), dtype=bool)
+        base = subject.model
         drains: list[tuple[int, int]] = []
         undrained = 0
         for wait in held:
-            drop[wait.edge] = True
             point = _drain_point(subject, wait.op, waits)
             if point >= 0:
-                drains.append((int(model.src[wait.edge]), start(point)))
+                drains.append((int(base.src[wait.edge]), start(point)))
             else:
                 undrained += 1
-        edited = model.without_edges(drop)
+        edges = [wait.edge for wait in held]
+        edited = model.without_edges(model.edges_between(base.src[edges], base.dst[edges]))
         if drains:
             src, dst = (np.array(x, dtype=np.int64) for x in zip(*drains, strict=True))
             edited = edited.with_edges(src, dst, "drain")

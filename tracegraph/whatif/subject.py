@@ -122,6 +122,7 @@ class Subject:
         """The communication op whose completion released a wait, -1 if none."""
         return self.completed(int(self.graph.dep[wait]))
 
+    @cached_property
     def releases(self) -> list[tuple[int, int, int]]:
         """(edge, waiting op, communication op) of every release edge of the model whose source
         is communication."""
