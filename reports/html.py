@@ -17,6 +17,7 @@ from reports.critical_path import path_table
 from reports.markdown import rank_sum
 from reports.pipeline import pipeline_figure
 from reports.waterfall import MAX_SEGMENTS, waterfall
+from reports.whatif import ceilings_html, whatif_sections
 from tracegraph import causes
 from tracegraph.analysis.analyze import PROGRESS_EVENTS
 from tracegraph.analysis.summary import summarize
@@ -37,8 +38,9 @@ td.n { text-align: right; font-variant-numeric: tabular-nums; }
 """
 
 
-def render(analysis, *, step: int | None = None, top: int = 10, pipeline=None) -> str:
-    """The whole report page as a string."""
+def render(analysis, *, step: int | None = None, top: int = 10, pipeline=None,
+           prediction=None) -> str:
+    """The whole report page as a string; with a what-if `prediction`, its section too."""
     steps = shown_steps(analysis, step)
     slowest = metrics.slowest_rank_bubbles(analysis)
     figures: list[str] = []
@@ -51,17 +53,18 @@ def render(analysis, *, step: int | None = None, top: int = 10, pipeline=None) -
             bar.advance()
     title = f"tracegraph report: {analysis.trace.source}"
     body = [f"<h1>{escape(title)}</h1>", _overview(analysis, steps, pipeline), *sections,
-            _totals(analysis, step)]
+            *whatif_sections(prediction, figures, _figure_html), _totals(analysis, step)]
     return ("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">"
             f"<title>{escape(title)}</title><style>{STYLE}</style></head><body>\n"
             + "\n".join(body) + "\n</body></html>\n")
 
 
 def write_report(analysis, path: Path, *, step: int | None = None, top: int = 10,
-                 pipeline=None) -> Path:
+                 pipeline=None, prediction=None) -> Path:
     """Write the report to `path`."""
     path = Path(path)
-    path.write_text(render(analysis, step=step, top=top, pipeline=pipeline), encoding="utf-8")
+    path.write_text(render(analysis, step=step, top=top, pipeline=pipeline,
+                           prediction=prediction), encoding="utf-8")
     return path
 
 
@@ -190,6 +193,7 @@ def _totals(analysis, step: int | None) -> str:
     parts = ["<h2>Totals</h2>", f"<table class=\"blame\"><caption>bubble time by cause, "
              f"{'all steps' if step is None else f'step {step}'}, {ranks}</caption>"
              f"<tr><th>category</th><th>bubble rank·ms</th><th>meaning</th></tr>{blame}</table>",
+             ceilings_html(summary["gain_ceilings"]),
              "<table class=\"offsets\"><tr><th>rank</th><th>clock offset applied (µs)</th>"
              f"</tr>{offsets}</table>"]
     if summary["slow_ranks"]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from tracegraph.analysis.analyze import Analysis
 from tracegraph.analysis.blame import Bubble, Interval
 from tracegraph.analysis.critical_path import PathSegment
+from tracegraph.whatif.ceilings import gain_ceilings
 
 NS_PER_MS = 1e6
 
@@ -26,6 +27,7 @@ def summarize(analysis: Analysis, *, step: int | None = None, top: int = 10) -> 
         "critical_path": {str(s): _path(p, origin) for s, p in analysis.critical_paths.items()
                           if step is None or s == step},
         "slow_ranks": sorted(analysis.slow_ranks),
+        "gain_ceilings": gain_ceilings(analysis),
         "warnings": analysis.warnings,
     }
 

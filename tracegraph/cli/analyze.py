@@ -33,6 +33,7 @@ def analyze_command(
 ) -> None:
     """Read every rank's profile, then explain each step's bubbles down to their root causes."""
     from reports.terminal import print_analysis
+    from reports.whatif import print_ceilings
     from tracegraph.analysis.analyze import analyze as run_analysis
     from tracegraph.analysis.summary import summarize
     from tracegraph.loading.inventory import inventory
@@ -54,6 +55,7 @@ def analyze_command(
         for warning in analysis.warnings:
             warn(warning)
         print_analysis(out, summary, analysis)
+        print_ceilings(out, summary["gain_ceilings"])
 
 
 def _check_step(bundle: Path, analysis: Analysis, step: int | None) -> None:

@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from parsers.base import TraceError
 from reports.markdown import (
     STATE_TITLES,
     check_status,
@@ -30,6 +31,7 @@ from reports.markdown import (
     verdict_line,
     violation_line,
 )
+from reports.whatif import print_checked
 from tracegraph.cli.common import err, friendly_errors, load_bundle
 from tracegraph.cli.options import Bundle, CacheDir, Jobs, NoCache, RankMap
 
@@ -75,6 +77,9 @@ def diff_command(
     no_cache: NoCache = False,
     jobs: Jobs = None,
     rank_map: RankMap = None,
+    predicted: Annotated[Path | None, typer.Option(
+        "--predicted", help="BEFORE's prediction (`tracegraph whatif BEFORE … --json`): report "
+                            "it against AFTER as measured.")] = None,
 ) -> None:
     """Compare two profiles, before and after a fix; exit 1 on a regression or a failed check.
 
@@ -87,7 +92,7 @@ def diff_command(
     outputs = Outputs(as_json, markdown, junit)
     friendly_errors(_diff)(before, after, (rules, preset or []), limit, source, outputs,
                            html=html, top=top, min_chain_ms=min_chain_ms,
-                           allow_not_applicable=allow_not_applicable)
+                           allow_not_applicable=allow_not_applicable, predicted=predicted)
 
 
 def check_command(
@@ -183,7 +188,8 @@ def _warn_nothing_verified(report: dict[str, object]) -> None:
 
 def _diff(before: Path, after: Path, spec: RuleSpec, limit: float | None,
           source: Source, outputs: Outputs, *, html: Path | None, top: int,
-          min_chain_ms: float | None, allow_not_applicable: bool) -> None:
+          min_chain_ms: float | None, allow_not_applicable: bool,
+          predicted: Path | None = None) -> None:
     from reports.junit import diff_junit
     from reports.markdown import diff_markdown
     from tracegraph.verify.checks import evaluate
@@ -197,6 +203,8 @@ def _diff(before: Path, after: Path, spec: RuleSpec, limit: float | None,
                         for b, a in zip(evaluate(rules, old), evaluate(rules, new), strict=True)]
     report |= _tally([c["after"] for c in report["checks"]], allow_not_applicable)
     report["fail_on_regression_pct"] = limit
+    if predicted is not None:
+        report["predicted"] = _checked_prediction(predicted, new)
     report["passed"] = (not (limit is not None and regressed_beyond(report, limit))
                         and _checks_pass(report))
     if html:
@@ -228,6 +236,20 @@ def _check(bundle: Path, spec: RuleSpec, source: Source, outputs: Outputs,
     _warn_nothing_verified(report)
     if not report["passed"]:
         raise typer.Exit(EXIT_FAILED)
+
+
+def _checked_prediction(path: Path, after) -> dict[str, object]:
+    """A saved `whatif --json` prediction against the measured after-analysis."""
+    from tracegraph.whatif.summary import check_prediction
+
+    try:
+        saved = json.loads(Path(path).read_text())
+    except ValueError as error:
+        raise TraceError(f"{path}: not a `tracegraph whatif --json` prediction ({error})"
+                         ) from None
+    if not isinstance(saved, dict) or "step_time" not in saved:
+        raise TraceError(f"{path}: not a `tracegraph whatif --json` prediction (no step_time)")
+    return check_prediction(saved, after)
 
 
 def _percent(text: str) -> float | None:
@@ -271,6 +293,8 @@ def print_diff(console: Console, report: dict[str, object]) -> None:
                ("waiting rank", "cause", "root", "before", "after", "chain"),
                [(str(c["rank"]), c["category"], root_text(c), ms(c["before_ms"]),
                  ms(c["after_ms"]), " ← ".join(map(str, c["chain"]))) for c in chains])
+    if report.get("predicted"):
+        print_checked(console, report["predicted"])
     if report["checks"]:
         _table(console, f"checks (after: {checks_line(report['check_counts'])})",
                ("check", "before", "after", "after: measured"),

@@ -14,7 +14,7 @@ from tracegraph.cli.common import friendly_errors, out
 def simulate_command(
     scenario: Annotated[str, typer.Argument(help="hsdp-straggler-sync, hsdp-straggler-async, "
                                             "ep-a2a-overlap, ep-a2a-serialized, "
-                                            "pp-compute-straggler, large")],
+                                            "pp-compute-straggler, pp-compute-healthy, large")],
     output: Annotated[Path, typer.Option("-o", "--output", help="OUT.tar.gz")],
     fmt: Annotated[str, typer.Option("--format", help="ascend (MindSpore msprof) or kineto")
                    ] = "ascend",

@@ -131,6 +131,10 @@ PP_COMPUTE_STRAGGLER = Scenario(
     pp=4, microbatches=8, num_layers=32, slow_rank=2, slow_factor=1.3,
 )
 
+PP_COMPUTE_HEALTHY = dataclasses.replace(
+    PP_COMPUTE_STRAGGLER, name="pp-compute-healthy", slow_rank=-1, slow_factor=1.0,
+    description="the same PP4 job without the straggler: what fixing rank 2 would give")
+
 LARGE = Scenario(
     name="large",
     description="benchmark: PP4 VPP2 x replicas, async HSDP over the profiled replicas, "
@@ -141,7 +145,7 @@ LARGE = Scenario(
 
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     HSDP_STRAGGLER_SYNC, HSDP_STRAGGLER_ASYNC, EP_A2A_OVERLAP, EP_A2A_SERIALIZED,
-    PP_COMPUTE_STRAGGLER, LARGE)}
+    PP_COMPUTE_STRAGGLER, PP_COMPUTE_HEALTHY, LARGE)}
 
 
 def scenario(name: str, **overrides: object) -> Scenario:

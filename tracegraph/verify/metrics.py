@@ -147,10 +147,14 @@ def comm_categories(analysis: Analysis) -> np.ndarray:
     ops that are not communication."""
     frame, groups = analysis.ops.frame, analysis.trace.groups
     dims = dict(zip(groups["group"], groups["dim"], strict=True)) if len(groups) else {}
-    codes, pairs = pd.factorize(pd.MultiIndex.from_arrays([frame["group"], frame["comm"]]))
-    table = np.array([causes.for_collective(str(dims.get(group, "")), str(comm)) if comm else ""
+    out = np.full(len(frame), "", dtype=object)
+    rows = np.flatnonzero(frame["comm"].fillna("").to_numpy() != "")  # factorize those only
+    codes, pairs = pd.factorize(pd.MultiIndex.from_arrays([frame["group"].iloc[rows],
+                                                           frame["comm"].iloc[rows]]))
+    table = np.array([causes.for_collective(str(dims.get(group, "")), str(comm))
                       for group, comm in pairs], dtype=object)
-    return table[codes] if len(table) else np.zeros(0, dtype=object)
+    out[rows] = table[codes] if len(table) else ""
+    return out
 
 
 def main_compute(analysis: Analysis) -> np.ndarray:

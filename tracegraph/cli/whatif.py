@@ -1,0 +1,84 @@
+"""`tracegraph whatif`: predict what a fix gains by replaying the dependency graph, edited.
+
+Exit codes: 0 a prediction was made; 1 no step could be predicted (the replay of the measurement
+misses it by more than 2 %: each refused step says why); 2 bad input or an edit the bundle cannot
+take (a rank it does not hold, a pattern no op matches).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from parsers.base import TraceError
+from tracegraph.cli.common import friendly_errors, load_bundle, out
+from tracegraph.cli.options import Bundle, CacheDir, Jobs, NoCache, RankMap
+
+EXIT_REFUSED = 1
+Fix = Annotated[list[str] | None, typer.Option(
+    "--fix", help="decouple-reduction (the reduction wait after the send, drained before the "
+                  "optimizer), couple-reduction (the reverse), separate-queues (repeatable).")]
+StragglerOpt = Annotated[list[str] | None, typer.Option(
+    "--straggler", help="RANK, absent or auto (slow ranks and absent members), optionally "
+                        "=median: brought to their peers' median (repeatable).")]
+ScaleOpt = Annotated[list[str] | None, typer.Option(
+    "--scale", help="SELECTOR=FACTOR: a category (ep_alltoall), op kind (compute), launch, or "
+                    "name pattern ('aclnnMatmul*') takes FACTOR times as long (repeatable).")]
+RemoveWaitOpt = Annotated[list[str] | None, typer.Option(
+    "--remove-wait", help="SELECTOR: those ops (or the waits on that category) no longer wait "
+                          "for another lane or rank (repeatable).")]
+
+
+def whatif_command(
+    bundle: Bundle,
+    fix: Fix = None,
+    straggler: StragglerOpt = None,
+    scale: ScaleOpt = None,
+    remove_wait: RemoveWaitOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
+    html: Annotated[Path | None, typer.Option(
+        "--html", help="Write the HTML report with the what-if section: measured and predicted "
+                       "waterfalls side by side.")] = None,
+    top: Annotated[int, typer.Option(help="Bubbles listed per state (0: all).")] = 10,
+    threshold_ms: Annotated[float, typer.Option(help="Shortest stall counted a bubble.")] = 1.0,
+    cache_dir: CacheDir = None,
+    no_cache: NoCache = False,
+    jobs: Jobs = None,
+    rank_map: RankMap = None,
+) -> None:
+    """Replay the bundle's dependency graph with the edits and predict each step and rank."""
+
+    @friendly_errors
+    def run() -> None:
+        from reports.whatif import print_prediction
+        from tracegraph.analysis.analyze import analyze
+        from tracegraph.whatif.edits import EditError, parse_edits
+        from tracegraph.whatif.engine import CycleError
+        from tracegraph.whatif.predict import predict
+        from tracegraph.whatif.summary import summarize_prediction
+
+        try:
+            edits = parse_edits(fix or [], straggler or [], scale or [], remove_wait or [])
+            trace = load_bundle(bundle, cache_dir, no_cache, jobs, rank_map)
+            analysis = analyze(trace, threshold_ms=threshold_ms)
+            prediction = predict(analysis, edits, threshold_ms=threshold_ms)
+        except (EditError, CycleError) as error:
+            raise TraceError(f"{bundle}: {error}") from None
+        summary = summarize_prediction(prediction, top=top)
+        if html is not None:
+            from reports.html import write_report
+
+            write_report(analysis, html, top=top, prediction=prediction)
+        if as_json:
+            print(json.dumps(summary, indent=2))
+        else:
+            print_prediction(out, summary)
+            if html is not None:
+                out.print(f"wrote {html}", highlight=False)
+        if not prediction.predicted:
+            raise typer.Exit(EXIT_REFUSED)
+
+    run()
