@@ -24,6 +24,8 @@ _UNPEERED = "unpeered"  # a point-to-point op naming no peer: no comm type of it
 ROOT_SHARE = 0.01  # an interval shorter than this share of its bubble is never its root
 _HOST_NOTES = {walk.LAUNCHED_LATE: walk.LAUNCHED_LATE, walk.HOST_IDLE: walk.HOST_IDLE,
                walk.LAUNCHER: "", walk.STEP_TAIL: walk.STEP_TAIL}
+NOT_RECORDED = ("the rank's profile begins later (each rank enters the profiled steps on its "
+                "own): what it did then is not in the bundle")
 
 
 @dataclass
@@ -151,7 +153,9 @@ class Blamer:
     def _interval(self, piece: Piece) -> Interval:
         graph, op = self.graph, piece.op
         note, group = _HOST_NOTES.get(piece.why, piece.why), ""
-        if piece.why == walk.RAN:
+        if piece.why == walk.NOT_RECORDED:
+            note = NOT_RECORDED
+        elif piece.why == walk.RAN:
             note = ""
         elif piece.why == walk.WAITING and graph.unprofiled[op]:
             group = str(graph.group[op])

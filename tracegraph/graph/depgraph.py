@@ -41,7 +41,7 @@ RELEASED_AT = {"stream": "end", "launch": "start", "event_wait": "end", "queue":
                "gate": "end", "p2p": "start", "collective": "start", "host_release": "end",
                "host_sync": "end", "shared_queue": "end"}
 """Which point of the source op the destination waited for, per edge kind."""
-RELEASE_WINDOW_NS = 2_000_000  # a host thread resumes this soon after the op it waited on ends
+RELEASE_WINDOW_NS = 5_000_000  # a host thread resumes this soon after the op it waited on ends
 RELEASE_SHARE = 0.03  # ... or within this share of a long stretch (a busy CPU wakes it late)
 QUEUE_WINDOW_NS = 50_000  # a serialized stream starts this soon after the op ahead of it ends
 HOST_SYNC_WINDOW_NS = 1_000_000  # a host blocked on the device launches this soon after it ends
@@ -89,6 +89,9 @@ class DepGraph:
         self.sampled = False  # collectives refused order matching: events may be missing
         self._comm_ends = _ends_by_rank(frame, self.end, _COMM)
         self._device_ends = _ends_by_rank(frame, self.end, _DEVICE_WORK)
+        starts = pd.Series(self.start).groupby(self.rank).min() if len(frame) else pd.Series()
+        self.profile_start = {int(r): int(t) for r, t in starts.items()}
+        """rank -> when its profile begins (its earliest op, aligned): nothing before is known"""
 
     def __len__(self) -> int:
         return len(self.start)
