@@ -185,3 +185,26 @@ def test_point_to_point_is_a_pipeline_transfer_only_when_it_names_its_peer() -> 
     charged = {(i.name, i.category) for bubble in analysis.bubbles for i in bubble.intervals}
     assert ("ncclKernel_SendRecv", causes.COLLECTIVE) in charged
     assert ("send", causes.PP_P2P) in charged
+
+
+def test_a_gloo_p2p_is_posted_when_its_host_call_begins() -> None:
+    """gloo: `gloo:recv` (the record) starts when `c10d::recv_` (the call) returns, and the call
+    can block. Rank 0 calls recv at 0 ms (blocked in the call until 6 ms, its record then 6-9 ms);
+    rank 1 calls send at 4 ms (record 4-9 ms). By the records rank 0 posted last; by the calls
+    rank 1 did: rank 0 waited on rank 1 from 0 ms, and the whole 9 ms is rank 0's bubble."""
+    b = TraceBuilder(unit=MS)
+    b.group("pp", (0, 1), dim="pp")
+    t0, t1 = b.thread(0, 100, "python"), b.thread(1, 200, "python")
+    t0.host(0, 6, "c10d::recv_", comm="recv", peer=1, group="pp")
+    recv = t0.recv(6, 9, peer=1, group="pp", name="gloo:recv")
+    t1.compute(0, 4, "aten::mm")
+    t1.host(4, 4.1, "c10d::send", comm="send", peer=0, group="pp")
+    send = t1.send(4.1, 9, peer=0, group="pp", name="gloo:send")
+    analysis = analyze(b.trace())
+    assert edges_between(analysis, send, recv) == ["p2p"]
+    assert edges_between(analysis, recv, send) == []
+    (bubble,) = [x for x in analysis.bubbles if x.rank == 0]
+    assert (bubble.start, bubble.end) == (0, 9 * MS)
+    first = bubble.intervals[0]  # until rank 1 posted, its compute held rank 0
+    assert (first.rank, first.name, first.start, first.end) == (1, "aten::mm", 0, 4 * MS)
+    assert bubble.chain() == [0, 1]

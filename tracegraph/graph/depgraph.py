@@ -66,6 +66,7 @@ class DepGraph:
     launch: np.ndarray  # when the host enqueued each device op (aligned ns), -1 if unknown
     unprofiled: np.ndarray  # per collective op: members of its group absent from the bundle
     unmatched: np.ndarray  # per comm op: a profiled peer's matching op was not found
+    posted: np.ndarray  # when each op was posted (a gloo P2P record: when its host call began)
     warnings: list[str] = field(default_factory=list)
     _static: pd.DataFrame = field(default_factory=pd.DataFrame, repr=False)
     _inferred: dict[tuple[int, int, str], str] = field(default_factory=dict, repr=False)
@@ -227,13 +228,14 @@ def build_graph(ops: Ops, matches: Matches, start: np.ndarray, end: np.ndarray,
     if matches.queued:
         queued[list(matches.queued)] = list(matches.queued.values())
     launcher = matches.launcher if len(matches.launcher) else np.full(n, -1, dtype=np.int64)
-    _direct_pairs(dep, how, start)
+    posted = _posted(ops, start)
+    _direct_pairs(dep, how, posted)
     _direct_instances(dep, how, start, matches.instances)
     launch = frame["launch"].to_numpy() if "launch" in frame else np.full(n, -1)
     aligned_launch = np.where(launch >= 0, launch - (frame["start"].to_numpy() - start), -1)
     graph = DepGraph(ops=ops, start=start, end=end, dep=dep, how=how, launcher=launcher,
                      queued=queued, gates=matches.gates, launch=aligned_launch,
-                     unprofiled=unprofiled, unmatched=unmatched,
+                     unprofiled=unprofiled, unmatched=unmatched, posted=posted,
                      warnings=list(matches.warnings))
     graph.sampled = bool(len(matches.instances)) and not matches.instances["safe"].all()
     graph._static = _static_edges(graph)
@@ -246,6 +248,23 @@ def build_graph(ops: Ops, matches: Matches, start: np.ndarray, end: np.ndarray,
 def host_side_waits(frame: pd.DataFrame) -> np.ndarray:
     """Kineto's stream waits: they sit at their host call, not on the device (walks skip them)."""
     return (frame["kind"].to_numpy() == schema.WAIT) & (frame["wait_on_stream"].to_numpy() >= 0)
+
+
+def _posted(ops: Ops, start: np.ndarray) -> np.ndarray:
+    """When each op was posted: a P2P record on a host thread right after the host call that
+    issued it (gloo: `gloo:recv` starts when `c10d::recv_` returns, which may block) was posted
+    when that call began; every other op when it starts."""
+    frame = ops.frame
+    prev = ops.lane_prev()
+    kind, comm = frame["kind"].to_numpy(), frame["comm"].to_numpy()
+    record = np.flatnonzero((kind == schema.P2P) & (prev >= 0))
+    call = prev[record]
+    issued = ((kind[call] == schema.HOST) & (comm[call] == comm[record])
+              & (ops.lanes["mode"].to_numpy()[frame["lane_id"].to_numpy()[record]]
+                 == schema.THREAD))
+    posted = start.copy()
+    posted[record[issued]] = start[call[issued]]
+    return posted
 
 
 def _direct_pairs(dep: np.ndarray, how: np.ndarray, start: np.ndarray) -> None:
