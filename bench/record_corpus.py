@@ -407,7 +407,7 @@ class Job:
             self.act("compute", ms=ms)
             if not self.real:
                 return
-            a = torch.randn(256, 256, generator=self.gen)
+            a = torch.randn(512, 512, generator=self.gen)
             until = time.perf_counter() + ms / 1000
             while time.perf_counter() < until:
                 a = torch.tanh(a @ a)
