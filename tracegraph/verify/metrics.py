@@ -228,13 +228,18 @@ def _inside(intervals: tuple[np.ndarray, np.ndarray], points: np.ndarray) -> np.
 # --- what released a wait, and chains ----------------------------------------------------------
 def releaser(bubble: Bubble) -> Interval | None:
     """The piece of a bubble that released it: the last one, passing over the short records and
-    wake-ups (under SETTLE_NS or SETTLE_SHARE of the bubble) that follow the op waited for."""
+    wake-ups (under SETTLE_NS or SETTLE_SHARE of the bubble) that follow the op waited for; a
+    communication piece releases however short it is (the transfer after a late member)."""
     pieces = sorted(bubble.intervals, key=lambda p: p.end)
     settle = max(SETTLE_NS, SETTLE_SHARE * bubble.dur)
     for piece in reversed(pieces):
-        if piece.dur >= settle:
+        if piece.dur >= settle or (piece.dur >= SETTLE_NS and _communication(piece)):
             return piece
     return pieces[-1] if pieces else None
+
+
+def _communication(piece: Interval) -> bool:
+    return bool(causes.get(piece.category).dim) or piece.category == causes.COLLECTIVE
 
 
 def reduction_names(analysis: Analysis) -> frozenset[str]:
