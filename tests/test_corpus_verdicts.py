@@ -194,3 +194,16 @@ def test_time_before_a_peers_profile_is_not_blamed_on_a_cause() -> None:
     assert all("profile begins later" in i.note for i in unknown)
     assert causes.HOST_LAUNCH not in j.bubble.by_category() or (
         j.bubble.by_category()[causes.HOST_LAUNCH] < 0.01 * j.bubble.dur)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_graph_is_a_dag_and_bubbles_do_not_overlap(case: str) -> None:
+    """gloo exchanges posted as one (both halves at the first call): no crossing P2P edges."""
+    analysis = analysed(case)
+    assert not analysis.graph.cycles() and not [w for w in analysis.warnings if "cycle" in w]
+    lanes: dict[tuple[int, str], list[tuple[int, int]]] = {}
+    for b in analysis.bubbles:
+        lanes.setdefault((b.rank, b.lane), []).append((b.start, b.end))
+    for spans in lanes.values():
+        spans.sort()
+        assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:], strict=False))

@@ -208,3 +208,32 @@ def test_a_gloo_p2p_is_posted_when_its_host_call_begins() -> None:
     first = bubble.intervals[0]  # until rank 1 posted, its compute held rank 0
     assert (first.rank, first.name, first.start, first.end) == (1, "aten::mm", 0, 4 * MS)
     assert bubble.chain() == [0, 1]
+
+
+def test_a_gloo_exchange_is_posted_once_for_both_halves() -> None:
+    """batch_isend_irecv on gloo: each rank's send and recv calls and records follow each other
+    on its main thread and were posted together when the first call began. Rank 0 posts at 0 ms
+    (its isend call blocks until 1.3 ms, its irecv call begins at 1.5 ms), rank 1 at 1 ms (irecv
+    call at 1.2 ms). Taken one call at a time, rank 0's recv looks posted after rank 1's send
+    while rank 1's recv looks posted after rank 0's send: two crossing edges, a cycle. As one
+    exchange, both edges come from rank 1, and rank 0's two bubbles do not overlap."""
+    b = TraceBuilder(unit=MS)
+    b.group("pp", (0, 1), dim="pp")
+    times = {0: (0, 1.3, 1.4, 1.5, 3.0), 1: (1.0, 1.1, 1.2, 1.2, 2.0)}
+    halves = {}
+    for rank, (call, record, recv_call_end, recv_call, recv_record) in times.items():
+        t, other = b.thread(rank, 100 + rank, "python"), 1 - rank
+        t.host(call, record, "c10d::send", comm="send", peer=other, group="pp")
+        halves[rank, "send"] = t.send(record, recv_call_end, peer=other, group="pp",
+                                      name="gloo:send")
+        t.host(recv_call, recv_record, "c10d::recv_", comm="recv", peer=other, group="pp")
+        halves[rank, "recv"] = t.recv(recv_record, 5, peer=other, group="pp", name="gloo:recv")
+    analysis = analyze(b.trace())
+    assert nx.is_directed_acyclic_graph(to_networkx(analysis.graph))
+    assert not analysis.graph.cycles()
+    assert edges_between(analysis, halves[1, "recv"], halves[0, "send"]) == ["p2p"]
+    assert edges_between(analysis, halves[1, "send"], halves[0, "recv"]) == ["p2p"]
+    spans = sorted((x.start, x.end) for x in analysis.bubbles if x.rank == 0)
+    assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:],
+                                                                      strict=False))
+    assert spans[-1][1] == 5 * MS

@@ -251,19 +251,22 @@ def host_side_waits(frame: pd.DataFrame) -> np.ndarray:
 
 
 def _posted(ops: Ops, start: np.ndarray) -> np.ndarray:
-    """When each op was posted: a P2P record on a host thread right after the host call that
-    issued it (gloo: `gloo:recv` starts when `c10d::recv_` returns, which may block) was posted
-    when that call began; every other op when it starts."""
+    """When each op was posted. On a host thread, the P2P calls and records that follow each
+    other with no other op between (a send, or a batch exchange: `c10d::send`, `gloo:send`,
+    `c10d::recv_`, `gloo:recv`) were posted together when the first call began: gloo's
+    `gloo:recv` starts when `c10d::recv_` returns, and that call may block. Every other op when
+    it starts."""
     frame = ops.frame
-    prev = ops.lane_prev()
     kind, comm = frame["kind"].to_numpy(), frame["comm"].to_numpy()
-    record = np.flatnonzero((kind == schema.P2P) & (prev >= 0))
-    call = prev[record]
-    issued = ((kind[call] == schema.HOST) & (comm[call] == comm[record])
-              & (ops.lanes["mode"].to_numpy()[frame["lane_id"].to_numpy()[record]]
-                 == schema.THREAD))
+    thread = ops.lanes["mode"].to_numpy()[frame["lane_id"].to_numpy()] == schema.THREAD
+    part = thread & np.isin(comm, list(schema.P2P_COMMS)) & np.isin(kind, [schema.P2P,
+                                                                         schema.HOST])
+    prev = ops.lane_prev()
+    joined = part & (prev >= 0) & part[np.maximum(prev, 0)]  # continues the run before it
+    run = np.cumsum(~joined)  # ops are sorted by lane and time: a run is consecutive
+    first = np.flatnonzero(~joined)
     posted = start.copy()
-    posted[record[issued]] = start[call[issued]]
+    posted[part] = start[first[run[part] - 1]]
     return posted
 
 
