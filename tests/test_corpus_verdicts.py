@@ -63,13 +63,15 @@ def test_every_large_bubble_has_the_cause_the_schedule_made(case: str) -> None:
 def test_every_injected_wait_shows_as_a_bubble(case: str) -> None:
     """The waits the injection makes (at least 10 % of the step) are found where they are."""
     analysis = analysed(case)
-    found = {(j.bubble.rank, j.bubble.step, j.where): j.bubble for j in judge(case, analysis)}
+    found: dict[tuple, int] = {}  # (rank, step, where) -> bubble ns there (an exchange: two)
+    for j in judge(case, analysis):
+        key = (j.bubble.rank, j.bubble.step, j.where)
+        found[key] = found.get(key, 0) + j.bubble.dur
     waits = large_waits(case, analysis)
     assert waits or case == SEED_FIX
     for wait in waits:
-        bubble = found.get((wait["rank"], wait["step"], tuple(wait["where"])))
-        assert bubble is not None, wait
-        assert bubble.dur >= 0.5 * wait["ms"] * 1e6, (wait, bubble.dur / 1e6)
+        ns = found.get((wait["rank"], wait["step"], tuple(wait["where"])), 0)
+        assert ns >= 0.5 * wait["ms"] * 1e6, (wait, ns / 1e6)
 
 
 def large_waits(case: str, analysis: Analysis) -> list[dict]:
