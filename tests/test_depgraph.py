@@ -237,3 +237,19 @@ def test_a_gloo_exchange_is_posted_once_for_both_halves() -> None:
     assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:],
                                                                       strict=False))
     assert spans[-1][1] == 5 * MS
+
+
+def test_a_collective_kernel_without_a_comm_type_is_still_a_collective() -> None:
+    """A collective kernel whose profile names no comm type (RCCL kernels on MI300X, say) and
+    no known group is charged to `collective`, never to nothing."""
+    b = TraceBuilder(unit=MS)
+    s0, s1 = b.stream(0, 7), b.stream(1, 7)
+    s0.compute(0, 10)
+    s0.add("collective", 10, 50, "ncclDevKernel_Generic", group="g", seq=0)
+    s1.compute(0, 40)
+    s1.add("collective", 40, 50, "ncclDevKernel_Generic", group="g", seq=0)
+    b.group("g", (0, 1))
+    analysis = analyze(b.trace())
+    (bubble,) = [x for x in analysis.bubbles if x.rank == 0]
+    charged = bubble.by_category()  # rank 1's compute, then the transfer after it arrived
+    assert charged.get(causes.COLLECTIVE) == 10 * MS and "" not in charged

@@ -21,6 +21,7 @@ from tracegraph.graph.ops import comm_calls
 
 UNMATCHED = "its peers' matching op was not found: the member that arrived last is unknown"
 _UNPEERED = "unpeered"  # a point-to-point op naming no peer: no comm type of its own
+_NOT_COMM = "-"  # an op that is no communication
 ROOT_SHARE = 0.01  # an interval shorter than this share of its bubble is never its root
 _HOST_NOTES = {walk.LAUNCHED_LATE: walk.LAUNCHED_LATE, walk.HOST_IDLE: walk.HOST_IDLE,
                walk.LAUNCHER: "", walk.STEP_TAIL: walk.STEP_TAIL}
@@ -194,10 +195,11 @@ def comm_categories(frame: pd.DataFrame, groups: pd.DataFrame) -> np.ndarray:
     dims = dict(zip(groups["group"], groups["dim"], strict=True)) if len(groups) else {}
     comm = frame["comm"].to_numpy(dtype=object)
     unpeered = np.isin(comm, list(schema.P2P_COMMS)) & (frame["peer"].to_numpy() < 0)
-    keys = pd.MultiIndex.from_arrays([frame["group"], np.where(unpeered, _UNPEERED, comm)])
-    codes, uniques = pd.factorize(keys)
-    table = np.array([causes.for_collective(str(dims.get(group, "")), str(kind)) if kind else ""
-                      for group, kind in uniques], dtype=object)
+    is_comm = frame["kind"].isin([schema.COLLECTIVE, schema.P2P]).to_numpy() | (comm != "")
+    kinds = np.where(unpeered, _UNPEERED, np.where(is_comm, comm, _NOT_COMM))
+    codes, uniques = pd.factorize(pd.MultiIndex.from_arrays([frame["group"], kinds]))
+    table = np.array([causes.for_collective(str(dims.get(group, "")), str(kind))
+                      if kind != _NOT_COMM else "" for group, kind in uniques], dtype=object)
     return table[codes] if len(table) else np.zeros(0, dtype=object)
 
 
