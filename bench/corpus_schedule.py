@@ -147,7 +147,7 @@ def _keys(programs: dict[int, list[Act]]) -> dict[int, list[tuple]]:
     return out
 
 
-def _match_keys(rank: int, acts: list[Act], counters: dict) -> list[tuple]:
+def _match_keys(lane: int, acts: list[Act], counters: dict) -> list[tuple]:
     sent: dict[int, int] = defaultdict(int)
     received: dict[int, int] = defaultdict(int)
     collectives: dict[tuple[int, ...], int] = counters.setdefault("coll", defaultdict(int))
@@ -155,10 +155,10 @@ def _match_keys(rank: int, acts: list[Act], counters: dict) -> list[tuple]:
     for act in acts:
         mine: list[tuple] = []
         for peer in act.sends:
-            mine.append(("p2p", rank, peer, sent[peer]))
+            mine.append(("p2p", lane, peer, sent[peer]))
             sent[peer] += 1
         for peer in act.recvs:
-            mine.append(("p2p", peer, rank, received[peer]))
+            mine.append(("p2p", peer, lane, received[peer]))
             received[peer] += 1
         if act.kind == "collective":  # numbered per rank: a rank's threads share the count
             mine.append(("coll", act.members, collectives[act.members]))
