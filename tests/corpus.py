@@ -9,8 +9,14 @@ from __future__ import annotations
 
 import gzip
 import json
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+
+from tracegraph import schema
+from tracegraph.analysis.analyze import Analysis
+from tracegraph.analysis.blame import Bubble
+from tracegraph.verify.metrics import step_ms
 
 CORPUS = Path(__file__).resolve().parent / "data" / "corpus"
 CASES: tuple[str, ...] = tuple(sorted(p.name for p in CORPUS.iterdir()
@@ -36,3 +42,89 @@ def truth(case: str) -> dict:
 def raw(case: str, rank: int) -> dict:
     """The Chrome-trace JSON of one rank of `case`, as the profiler exported it."""
     return json.loads(gzip.decompress((CORPUS / case / f"rank{rank}.json.gz").read_bytes()))
+
+
+# --- judging tracegraph's bubbles against the truth ---------------------------------------------
+LARGE_SHARE = 0.10  # bubbles of at least this share of their step are judged one by one
+SLACK_NS = 50_000  # an annotation encloses a bubble that starts or ends this close to its edges
+
+
+@dataclass
+class Judged:
+    """One bubble of tracegraph's and what the truth says it should be."""
+
+    bubble: Bubble
+    where: tuple[str, ...]  # the annotations around it on its rank's main thread
+    wait: dict | None  # the truth's wait there (None: no wait the schedule makes)
+    allowed: set[tuple[str, int | None]]  # (category, rank or None for any) charged right
+
+    @property
+    def expected(self) -> tuple[str | None, int | None]:
+        """(category, root rank) the truth states; (None, None) for a wait on peers' normal
+        work, which any of `allowed` may explain."""
+        if self.wait is None or self.wait["category"] in _NORMAL:
+            return None, None
+        return self.wait["category"], self.wait["root_rank"]
+
+    def right_ns(self) -> int:
+        """Bubble time charged to a cause the truth puts on this wait's chain."""
+        return sum(i.dur for i in self.bubble.intervals
+                   if (i.category, i.rank) in self.allowed or (i.category, None) in self.allowed)
+
+    def text(self) -> str:
+        b = self.bubble
+        root = b.root.rank if b.root else None
+        return (f"rank {b.rank} step {b.step} {'/'.join(self.where) or '-'} {b.name} "
+                f"{b.dur / 1e6:.1f} ms: {b.category} root {root}, expected {self.expected}")
+
+
+_NORMAL = {"pipeline_fill", "peer_compute", "pp_p2p", "dp_reduction", "ep_alltoall",
+           "collective", "tp_collective"}  # waiting on peers' normal work or communication
+
+
+def judge(case: str, analysis: Analysis, share: float = 0.0) -> list[Judged]:
+    """Every bubble of at least `share` of its step (the slowest rank's), with its truth."""
+    known = truth(case)
+    steps = step_ms(analysis)
+    expected = known["expected"]
+    stated: dict[tuple[int, int, tuple[str, ...]], dict] = {}
+    for wait in expected["waits"]:
+        key = (wait["rank"], wait["step"], tuple(wait["where"]))
+        if key not in stated or wait["ms"] > stated[key]["ms"]:
+            stated[key] = wait
+    first = min(known["profiled_steps"])
+    out = []
+    for bubble in analysis.bubbles:
+        if bubble.dur < share * steps.get(bubble.step, 0.0) * 1e6:
+            continue
+        where = annotations(analysis, bubble)
+        wait = stated.get((bubble.rank, bubble.step, where))
+        out.append(Judged(bubble, where, wait, _allowed(expected, wait, bubble.step == first)))
+    return out
+
+
+def _allowed(expected: dict, wait: dict | None, first_step: bool) -> set[tuple[str, int | None]]:
+    """What a piece of the bubble may be charged to and be right: the causes the truth states
+    for its wait and the communication it went through; for a wait the schedule does not make
+    (the peers' normal variation), their work, communication and host gaps, and, in the first
+    profiled step, time before a peer's profile began (unknown)."""
+    normal = {(expected["idle_category"], None), *((c, None) for c in
+                                                    expected["comm_categories"])}
+    if wait is None or wait["category"] in _NORMAL:
+        extra = {("host_launch", None)} | ({("unknown", None)} if first_step else set())
+        return normal | extra | ({(c, None) for c in wait["via"]} if wait else set())
+    causes = {(c["category"], c["rank"]) for c in wait["causes"] if c["cause"] != "transfer"}
+    return causes | {(c, None) for c in wait["via"]}
+
+
+def annotations(analysis: Analysis, bubble: Bubble) -> tuple[str, ...]:
+    """The user annotations around a bubble on its lane, outermost first (no step markers)."""
+    events = analysis.trace.events
+    shift = analysis.offsets.get(bubble.rank, 0)
+    start = events["start_ns"] - shift
+    around = events[(events["rank"] == bubble.rank) & (events["lane"] == bubble.lane)
+                    & (events["kind"] == schema.MARKER)
+                    & (start <= bubble.start + SLACK_NS)
+                    & (start + events["dur_ns"] >= bubble.end - SLACK_NS)]
+    around = around.assign(start=start).sort_values(["start", "dur_ns"], ascending=[True, False])
+    return tuple(n for n in around["name"] if not str(n).startswith("ProfilerStep#"))

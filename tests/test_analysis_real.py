@@ -124,3 +124,21 @@ def test_critical_path_runs_through_the_sleep(gloo: Analysis) -> None:
         assert on_sleep > 190e6  # the 200 ms sleep holds the step
         assert {s.category for s in path if s.name == "straggler_sleep"} == {
             causes.COMPUTE_STRAGGLER}
+
+
+def test_check_and_analyze_name_the_same_dimension(ddp8: Analysis) -> None:
+    """ddp8's HCCL group states no parallel dimension: blame charges its all-reduces to
+    `collective`, so the overlap table (diff, min_overlap) calls them `collective` too, never
+    `dp`, and a DP overlap check has nothing to test."""
+    from tracegraph.verify import metrics
+    from tracegraph.verify.checks import Rule, evaluate
+
+    dims = metrics.comm_dims(ddp8)
+    charged = {i.op: i.category for b in ddp8.bubbles for i in b.intervals
+               if ddp8.ops.frame.at[i.op, "kind"] == schema.COLLECTIVE}
+    assert charged and set(charged.values()) == {causes.COLLECTIVE}
+    assert {dims[op] for op in charged} == {"collective"}
+    assert set(dims[dims != ""]) == {"collective"}
+    assert set(metrics.overlap_ratios(ddp8)) == {"collective"}
+    (overlap,) = evaluate([Rule("min_overlap", {"dim": "dp", "ratio": 0.25})], ddp8)
+    assert overlap.status == "not_applicable"

@@ -33,6 +33,7 @@ from tracegraph.analysis.analyze import Analysis, analyze
 from tracegraph.cli.app import app
 from tracegraph.loading.loader import load
 from tracegraph.loading.trace import Trace
+from tracegraph.verify import metrics
 from tracegraph.verify.checks import (
     NOT_APPLICABLE,
     PRESETS,
@@ -277,11 +278,15 @@ def test_dp_wait_and_overlap_on_the_real_ddp_profile() -> None:
     assert sorted((v.rank, round(v.end_ms - v.start_ms, 3)) for v in wait.violations) == [
         (0, 65.555), (1, 59.438)]
     assert all("hcom_allReduce" in v.text for v in wait.violations)
+    # nor a DP overlap check: the overlap table names the group's dimension as blame does
+    assert overlap.status == NOT_APPLICABLE and not overlap.violations
     # the 4 hcom_allReduce of the HCCL "Group 0 Communication" row against the AI_CORE/MIX_AIV
     # tasks of Stream 2 (pairwise overlap summed by a script): rank 0 4.029 of 105.992 ms,
-    # rank 1 4.017 of 100.376 ms
-    assert sorted(v.rank for v in overlap.violations) == [0, 1]
-    assert overlap.value == pytest.approx((4.029 + 4.017) / (105.992 + 100.376), abs=1e-4)
+    # rank 1 4.017 of 100.376 ms, as collectives of unknown dimension
+    table = metrics.overlap_table(analysis).set_index("rank")
+    assert set(table["dim"]) == {"collective"}
+    assert table.loc[[0, 1], ["overlap_ms", "comm_ms"]].to_numpy().round(3).tolist() == [
+        [4.029, 105.992], [4.016, 100.375]]
 
 
 def test_max_step_time_names_the_slowest_rank_of_each_step() -> None:
@@ -469,9 +474,9 @@ def test_check_command_exit_codes_markdown_and_junit(tmp_path: Path) -> None:
 def test_check_command_not_applicable_fails_nothing(tmp_path: Path) -> None:
     rules, xml = tmp_path / "rules.toml", tmp_path / "check.xml"
     rules.write_text('[[rule]]\ntype = "max_group_wait"\ndim = "dp"\nms = 1\n\n'
-                     '[[rule]]\ntype = "min_overlap"\ndim = "dp"\nratio = 0.03\n')
+                     '[[rule]]\ntype = "max_step_time"\nms = 200\n')
     run = run_cli("check", DDP, "--rules", rules, "--junit", xml, "--cache-dir", tmp_path / "c")
-    # no dp group (the wait check is skipped); 3.8 % and 4.0 % overlap per rank (see above)
+    # no dp group (the wait check is skipped); the step is 156 ms (see above)
     assert run.exit_code == 0, run.output
     assert "1 of 1 checks pass, 1 not applicable" in run.stdout
     assert "not applicable" in run.stdout and "verified nothing" not in run.stderr

@@ -16,9 +16,9 @@ from tests.corpus import CASES, folder, raw, truth
 
 EXPECTED = {
     "pp4_1f1b_healthy", "pp4_1f1b_bwd_straggler", "pp2dp2_wait_before_send",
-    "pp2dp2_wait_after_send", "pp2dp2_one_replica", "ep4_a2a_layers", "dp4_fwd_straggler",
-    "dp4_opt_straggler", "dp4_before_allreduce", "dp4_host_stall", "dp4_healthy",
-    "world_metrics_allreduce",
+    "pp2dp2_wait_after_send", "pp2dp2_one_replica", "hsdp_tail_wait_before_send",
+    "hsdp_tail_wait_after_send", "ep4_a2a_layers", "dp4_fwd_straggler", "dp4_opt_straggler",
+    "dp4_before_allreduce", "dp4_host_stall", "dp4_healthy", "world_metrics_allreduce",
 }
 SLEEP_NAMES = {"straggler_sleep", "expert_imbalance"}
 
@@ -31,11 +31,16 @@ def _named(spans: list[dict], name: str) -> list[dict]:
     return [e for e in spans if e.get("name") == name]
 
 
-def _enclosing(spans: list[dict], inner: dict) -> set[str]:
-    """Names of the spans of inner's thread that contain it."""
-    end = inner["ts"] + inner["dur"]
-    return {e["name"] for e in spans if e is not inner and e["tid"] == inner["tid"]
+def _enclosing(spans: list[dict], inner: dict, tid: object = None) -> set[str]:
+    """Names of the spans of inner's thread (or of thread `tid`) that contain it."""
+    end, tid = inner["ts"] + inner["dur"], inner["tid"] if tid is None else tid
+    return {e["name"] for e in spans if e is not inner and e["tid"] == tid
             and e["ts"] <= inner["ts"] and end <= e["ts"] + e["dur"]}
+
+
+def _main_thread(spans: list[dict]) -> object:
+    """The thread of the ProfilerStep markers: the training loop's."""
+    return next(e["tid"] for e in spans if e["name"].startswith("ProfilerStep#"))
 
 
 def _step(names: set[str]) -> int | None:
@@ -108,10 +113,12 @@ def test_each_injection_lies_where_the_truth_says_on_its_rank_only(case: str) ->
                 assert sleep["dur"] >= 0.9 * inj["duration_ms"] * 1e3
                 around = _enclosing(spans, sleep)
                 assert inj["inside"].split(" mb=")[0] in {n.split(" mb=")[0] for n in around}
-                mb = next((int(n.split("=")[1]) for n in around if " mb=" in n), None)
+                # where the training loop was (a sleep on a second thread: at that time)
+                loop = _enclosing(spans, sleep, _main_thread(spans)) | around
+                mb = next((int(n.split("=")[1]) for n in loop if " mb=" in n), None)
                 if inj["layer"] is not None:
-                    assert f"MoE layer={inj['layer']}" in around
-                seen.add((_step(around), mb))
+                    assert f"MoE layer={inj['layer']}" in loop
+                seen.add((_step(loop), mb))
             assert seen == {(s, m) for s in inj["steps"] for m in mbs}
     if t["absent_ranks"]:
         assert all(i["rank"] in t["absent_ranks"] for i in t["injections"])

@@ -1,72 +1,112 @@
 """Verdicts on the recorded corpus (real PyTorch-profiler runs with injected causes).
 
-The ground truth is what bench/record_corpus.py injected, never tracegraph's own output: each
-expected wait (a rank waiting on the injected rank in a step) must be the rank's longest bubble
-of that step, charged to the injected cause along the injected chain of ranks, to the injected
-rank (or, when it is not in the bundle, asking to profile it); healthy controls have no
-straggler."""
+The ground truth is the job's own schedule, replayed by bench/record_corpus.py (never
+tracegraph's output): every wait of every profiled step with what made it (an injected delay on
+a named rank, a peer's work, a transfer, time before a peer's profile began, a rank absent from
+the bundle). Every bubble of at least 10 % of its step must carry the truth's category and root
+rank (or, on a wait the schedule does not make, a cause among the peers' normal work), at least
+95 % of the bubble time of each case must be charged to a cause on the truth's chain, healthy
+controls have no straggler, and the fix of the seed's scheduler is a measured improvement."""
 
 from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
 
 import pytest
 
 import tracegraph
-from tests.corpus import CASES, folder, truth
+from tests.corpus import CASES, LARGE_SHARE, Judged, folder, judge, truth
+from tests.test_checks import run_cli
 from tracegraph import causes
 from tracegraph.analysis.analyze import Analysis, analyze
+from tracegraph.verify import metrics
+from tracegraph.verify.checks import evaluate, preset
 
 INJECTED = [c for c in CASES if not truth(c).get("healthy")]
 HEALTHY = [c for c in CASES if truth(c).get("healthy")]
+RIGHT_SHARE = 0.95
+SEED_BUG, SEED_FIX = "hsdp_tail_wait_before_send", "hsdp_tail_wait_after_send"
 
 
+@cache
 def analysed(case: str) -> Analysis:
     return analyze(tracegraph.load(folder(case), use_cache=False))
 
 
-def expected_waits(case: str) -> list[tuple[int, int, dict]]:
-    """(rank, step, wait) for each wait of the truth in each step its injection covers."""
-    known = truth(case)
-    steps = sorted({s for i in known["injections"] for s in i.get("steps") or
-                    known["profiled_steps"]})
-    return [(w["rank"], step, w) for w in known["expected"]["waits"]
-            for step in ([w["step"]] if w.get("step") else steps)]
+@pytest.mark.parametrize("case", CASES)
+def test_every_large_bubble_has_the_cause_the_schedule_made(case: str) -> None:
+    analysis = analysed(case)
+    judged = judge(case, analysis, LARGE_SHARE)
+    assert judged or not large_waits(case, analysis), "no bubble where the truth has waits"
+    for j in judged:
+        category, root = j.expected
+        bubble = j.bubble
+        if category is None:  # the peers' normal variation: no injected cause claimed
+            assert bubble.category in {c for c, _ in j.allowed}, j.text()
+            assert bubble.category != causes.COMPUTE_STRAGGLER, j.text()
+            continue
+        assert bubble.category == category, j.text()
+        if root in truth(case)["absent_ranks"]:  # asks to profile the absent root
+            assert root in unprofiled_members(analysis, bubble), j.text()
+        elif root is not None:
+            assert bubble.root.rank == root, j.text()
+        if category != causes.UNKNOWN and j.wait["chain"][-1] not in truth(case)["absent_ranks"]:
+            # the replay's hops of no duration (a peer that only passed the wait on) may show
+            # in the profile as more ranks after these
+            chain = j.wait["chain"]
+            assert bubble.chain()[:len(chain)] == chain, j.text()
 
 
 @pytest.mark.parametrize("case", INJECTED)
-def test_each_wait_is_charged_to_the_injected_rank(case: str) -> None:
-    analysis, root = analysed(case), truth(case)["expected"]["root_rank"]
-    absent = set(truth(case)["absent_ranks"])
-    for rank, step, wait in expected_waits(case):
-        mine = [b for b in analysis.bubbles if b.rank == rank and b.step == step]
-        assert mine, f"rank {rank} step {step}: no bubble"
-        if wait.get("per_microbatch"):
-            assert_charged_per_microbatch(case, mine, root, wait)
-            continue
-        longest = max(mine, key=lambda b: b.dur)
-        where = f"rank {rank} step {step}: {longest.name} {longest.dur / 1e6:.1f} ms"
-        assert longest.dur >= 0.5 * wait["approx_ms"] * 1e6, where
-        assert longest.category == wait["category"], where
-        assert longest.chain() == [r for r in wait["chain"] if r not in absent], where
-        if root in absent:  # like the seed: the chain ends in a group with the root unprofiled
-            assert root in unprofiled_members(analysis, longest), where
-        else:
-            assert longest.root.rank == root, where
+def test_every_injected_wait_shows_as_a_bubble(case: str) -> None:
+    """The waits the injection makes (at least 10 % of the step) are found where they are."""
+    analysis = analysed(case)
+    found: dict[tuple, int] = {}  # (rank, step, where) -> bubble ns there (an exchange: two)
+    for j in judge(case, analysis):
+        key = (j.bubble.rank, j.bubble.step, j.where)
+        found[key] = found.get(key, 0) + j.bubble.dur
+    waits = large_waits(case, analysis)
+    assert waits or case == SEED_FIX
+    for wait in waits:
+        ns = found.get((wait["rank"], wait["step"], tuple(wait["where"])), 0)
+        assert ns >= 0.5 * wait["ms"] * 1e6, (wait, ns / 1e6)
+
+
+def large_waits(case: str, analysis: Analysis) -> list[dict]:
+    """The truth's waits on the injected root (at least 10 % of their step)."""
+    steps, expected = metrics.step_ms(analysis), truth(case)["expected"]
+    return [w for w in expected["waits"]
+            if (w["category"], w["root_rank"]) == (expected["root_category"],
+                                                   expected["root_rank"])
+            and w["ms"] >= LARGE_SHARE * steps[w["step"]]]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_bubble_time_is_charged_to_the_causes_on_the_chain(case: str) -> None:
+    """At least 95 % of the time of the large bubbles, and of all bubbles, goes to a cause the
+    truth puts on the wait's chain (its injection, the communication it went through, and for
+    the peers' normal variation their work)."""
+    every = judge(case, analysed(case))
+    large = [j for j in every if j in judge(case, analysed(case), LARGE_SHARE)]
+    for judged in (large, every):
+        if judged:
+            assert right_share(judged) >= RIGHT_SHARE, worst(judged)
+
+
+def right_share(judged: list[Judged]) -> float:
+    return sum(j.right_ns() for j in judged) / sum(j.bubble.dur for j in judged)
+
+
+def worst(judged: list[Judged]) -> list[str]:
+    return [j.text() for j in sorted(judged, key=lambda j: j.right_ns() - j.bubble.dur)[:3]]
 
 
 def unprofiled_members(analysis: Analysis, bubble) -> list[int]:
     """The ranks the verdict asks to profile: its root group's members absent from the bundle."""
     members = analysis.trace.group_members().get(bubble.root.unprofiled_group, ())
     return [r for r in members if r not in analysis.trace.rank_ids]
-
-
-def assert_charged_per_microbatch(case: str, mine: list, root: int, wait: dict) -> None:
-    """A wait for every microbatch: of the step's injected delay (microbatches × ms), at least
-    three quarters is charged to the injected rank and cause (the rest overlaps work)."""
-    (injection,) = truth(case)["injections"]
-    injected_ms = len(injection["microbatches"]) * injection["duration_ms"]
-    charged = sum(i.dur for b in mine for i in b.intervals
-                  if (i.rank, i.category) == (root, wait["category"])) / 1e6
-    assert charged >= 0.75 * injected_ms, f"rank {mine[0].rank}: {charged:.1f} ms charged"
 
 
 @pytest.mark.parametrize("case", HEALTHY)
@@ -77,12 +117,45 @@ def test_healthy_controls_have_no_straggler(case: str) -> None:
     assert not straggling, [(b.rank, b.step, b.name, b.dur) for b in straggling[:3]]
 
 
-def test_the_seed_fix_pair_passes_the_check_only_after_the_fix() -> None:
-    """The seed's check (the main lane never waits on a DP reduction before its P2P send) on
-    the recorded bug and fix: the bug fails it on both stage-1 ranks (their DP_GRAD_WAIT comes
-    before BWD_SEND by construction), the fix passes it."""
-    from tracegraph.verify.checks import evaluate, preset
+def test_the_seed_fix_gains_the_straggler_delay_and_its_chain_is_gone(tmp_path: Path) -> None:
+    """The seed's scheduler (reduction wait() before BWD_SEND) against its fix (BWD_SEND first,
+    the reduction overlapped with the local work): the fix hides rank 3's 150 ms late reduction
+    behind 250 ms of work, so the step shrinks by about that and no rank waits on rank 3."""
+    run = run_cli("diff", folder(SEED_BUG), folder(SEED_FIX), "--json",
+                  "--cache-dir", tmp_path / "cache")
+    report = json.loads(run.stdout)
+    assert report["verdict"] == "improved"
+    assert report["step_time"]["change_ms"] < -0.75 * truth(SEED_BUG)["injections"][0][
+        "duration_ms"]
+    gone = {(c["rank"], c["category"], c["root"]["rank"]): c
+            for c in report["chains"]["disappeared"]}
+    seed_chain = gone[(0, causes.COMPUTE_STRAGGLER, 3)]
+    assert seed_chain["chain"] == [0, 2, 3] and seed_chain["after_ms"] == 0
+    assert {(1, causes.COMPUTE_STRAGGLER, 3), (2, causes.COMPUTE_STRAGGLER, 3)} <= set(gone)
+    assert not [c for state in ("appeared", "grew") for c in report["chains"][state]
+                if c["root"]["rank"] == 3]
 
+
+def test_the_seed_check_fails_on_its_scheduler_and_passes_on_the_fix(tmp_path: Path) -> None:
+    bug = run_cli("check", folder(SEED_BUG), "--preset", "hsdp-async-reduction", "--json",
+                  "--cache-dir", tmp_path / "cache")
+    fix = run_cli("check", folder(SEED_FIX), "--preset", "hsdp-async-reduction", "--json",
+                  "--cache-dir", tmp_path / "cache")
+    assert (bug.exit_code, fix.exit_code) == (1, 0), (bug.output, fix.output)
+    failed = {c["rule"]: c for c in json.loads(bug.stdout)["checks"]}
+    assert {rule for rule, c in failed.items() if c["status"] == "fail"} == {
+        "no_reduction_wait_before_p2p", "p2p_before_reduction_end", "min_overlap"}
+    # the reduction gated rank 2's BWD_SEND: the seed's stage-1 rank waiting on rank 3
+    assert {v["rank"] for v in failed["no_reduction_wait_before_p2p"]["violations"]} >= {2}
+    passed = json.loads(fix.stdout)["checks"]
+    assert all(c["status"] != "fail" for c in passed)
+    assert any(c["rule"] == "min_overlap" and c["status"] == "pass" for c in passed)
+
+
+def test_the_reduction_wait_before_the_send_fails_the_seed_check() -> None:
+    """pp2dp2: the wait() before BWD_SEND fails the seed's check on both stage-1 ranks (their
+    DP_GRAD_WAIT comes before BWD_SEND by construction); after the send it passes, though the
+    straggler's own send still holds rank 1, so there the step does not shrink."""
     rule = [r for r in preset("hsdp-async-reduction") if r.type == "no_reduction_wait_before_p2p"]
     (bug,) = evaluate(rule, analysed("pp2dp2_wait_before_send"))
     (fix,) = evaluate(rule, analysed("pp2dp2_wait_after_send"))
@@ -109,3 +182,30 @@ def test_unprofiled_members_only_when_ranks_are_absent(case: str) -> None:
 def test_a_job_without_a_pipeline_has_no_pipeline_causes(case: str) -> None:
     charged = {i.category for b in analysed(case).bubbles for i in b.intervals}
     assert not charged & {causes.PIPELINE_FILL, causes.PP_P2P}, charged
+
+
+def test_time_before_a_peers_profile_is_not_blamed_on_a_cause() -> None:
+    """pp4 bwd straggler, first profiled step: stage 3 enters it ~50 ms before the other stages
+    (1F1B's last stage drains first), and waits for their first forward; what they did until
+    their profile began (the previous step, with the straggler's sleeps) is in no file: that
+    time is unknown, not a host stall."""
+    (j,) = [j for j in judge("pp4_1f1b_bwd_straggler", analysed("pp4_1f1b_bwd_straggler"),
+                             LARGE_SHARE) if j.expected[0] == causes.UNKNOWN]
+    unknown = [i for i in j.bubble.intervals if i.category == causes.UNKNOWN]
+    assert sum(i.dur for i in unknown) >= 0.8 * j.wait["ms"] * 1e6
+    assert all("profile begins later" in i.note for i in unknown)
+    assert causes.HOST_LAUNCH not in j.bubble.by_category() or (
+        j.bubble.by_category()[causes.HOST_LAUNCH] < 0.01 * j.bubble.dur)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_graph_is_a_dag_and_bubbles_do_not_overlap(case: str) -> None:
+    """gloo exchanges posted as one (both halves at the first call): no crossing P2P edges."""
+    analysis = analysed(case)
+    assert not analysis.graph.cycles() and not [w for w in analysis.warnings if "cycle" in w]
+    lanes: dict[tuple[int, str], list[tuple[int, int]]] = {}
+    for b in analysis.bubbles:
+        lanes.setdefault((b.rank, b.lane), []).append((b.start, b.end))
+    for spans in lanes.values():
+        spans.sort()
+        assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:], strict=False))

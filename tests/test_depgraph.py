@@ -185,3 +185,71 @@ def test_point_to_point_is_a_pipeline_transfer_only_when_it_names_its_peer() -> 
     charged = {(i.name, i.category) for bubble in analysis.bubbles for i in bubble.intervals}
     assert ("ncclKernel_SendRecv", causes.COLLECTIVE) in charged
     assert ("send", causes.PP_P2P) in charged
+
+
+def test_a_gloo_p2p_is_posted_when_its_host_call_begins() -> None:
+    """gloo: `gloo:recv` (the record) starts when `c10d::recv_` (the call) returns, and the call
+    can block. Rank 0 calls recv at 0 ms (blocked in the call until 6 ms, its record then 6-9 ms);
+    rank 1 calls send at 4 ms (record 4-9 ms). By the records rank 0 posted last; by the calls
+    rank 1 did: rank 0 waited on rank 1 from 0 ms, and the whole 9 ms is rank 0's bubble."""
+    b = TraceBuilder(unit=MS)
+    b.group("pp", (0, 1), dim="pp")
+    t0, t1 = b.thread(0, 100, "python"), b.thread(1, 200, "python")
+    t0.host(0, 6, "c10d::recv_", comm="recv", peer=1, group="pp")
+    recv = t0.recv(6, 9, peer=1, group="pp", name="gloo:recv")
+    t1.compute(0, 4, "aten::mm")
+    t1.host(4, 4.1, "c10d::send", comm="send", peer=0, group="pp")
+    send = t1.send(4.1, 9, peer=0, group="pp", name="gloo:send")
+    analysis = analyze(b.trace())
+    assert edges_between(analysis, send, recv) == ["p2p"]
+    assert edges_between(analysis, recv, send) == []
+    (bubble,) = [x for x in analysis.bubbles if x.rank == 0]
+    assert (bubble.start, bubble.end) == (0, 9 * MS)
+    first = bubble.intervals[0]  # until rank 1 posted, its compute held rank 0
+    assert (first.rank, first.name, first.start, first.end) == (1, "aten::mm", 0, 4 * MS)
+    assert bubble.chain() == [0, 1]
+
+
+def test_a_gloo_exchange_is_posted_once_for_both_halves() -> None:
+    """batch_isend_irecv on gloo: each rank's send and recv calls and records follow each other
+    on its main thread and were posted together when the first call began. Rank 0 posts at 0 ms
+    (its isend call blocks until 1.3 ms, its irecv call begins at 1.5 ms), rank 1 at 1 ms (irecv
+    call at 1.2 ms). Taken one call at a time, rank 0's recv looks posted after rank 1's send
+    while rank 1's recv looks posted after rank 0's send: two crossing edges, a cycle. As one
+    exchange, both edges come from rank 1, and rank 0's two bubbles do not overlap."""
+    b = TraceBuilder(unit=MS)
+    b.group("pp", (0, 1), dim="pp")
+    times = {0: (0, 1.3, 1.4, 1.5, 3.0), 1: (1.0, 1.1, 1.2, 1.2, 2.0)}
+    halves = {}
+    for rank, (call, record, recv_call_end, recv_call, recv_record) in times.items():
+        t, other = b.thread(rank, 100 + rank, "python"), 1 - rank
+        t.host(call, record, "c10d::send", comm="send", peer=other, group="pp")
+        halves[rank, "send"] = t.send(record, recv_call_end, peer=other, group="pp",
+                                      name="gloo:send")
+        t.host(recv_call, recv_record, "c10d::recv_", comm="recv", peer=other, group="pp")
+        halves[rank, "recv"] = t.recv(recv_record, 5, peer=other, group="pp", name="gloo:recv")
+    analysis = analyze(b.trace())
+    assert nx.is_directed_acyclic_graph(to_networkx(analysis.graph))
+    assert not analysis.graph.cycles()
+    assert edges_between(analysis, halves[1, "recv"], halves[0, "send"]) == ["p2p"]
+    assert edges_between(analysis, halves[1, "send"], halves[0, "recv"]) == ["p2p"]
+    spans = sorted((x.start, x.end) for x in analysis.bubbles if x.rank == 0)
+    assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:],
+                                                                      strict=False))
+    assert spans[-1][1] == 5 * MS
+
+
+def test_a_collective_kernel_without_a_comm_type_is_still_a_collective() -> None:
+    """A collective kernel whose profile names no comm type (RCCL kernels on MI300X, say) and
+    no known group is charged to `collective`, never to nothing."""
+    b = TraceBuilder(unit=MS)
+    s0, s1 = b.stream(0, 7), b.stream(1, 7)
+    s0.compute(0, 10)
+    s0.add("collective", 10, 50, "ncclDevKernel_Generic", group="g", seq=0)
+    s1.compute(0, 40)
+    s1.add("collective", 40, 50, "ncclDevKernel_Generic", group="g", seq=0)
+    b.group("g", (0, 1))
+    analysis = analyze(b.trace())
+    (bubble,) = [x for x in analysis.bubbles if x.rank == 0]
+    charged = bubble.by_category()  # rank 1's compute, then the transfer after it arrived
+    assert charged.get(causes.COLLECTIVE) == 10 * MS and "" not in charged

@@ -20,9 +20,12 @@ from tracegraph.analysis.walk import BindingWalk, Piece
 from tracegraph.graph.ops import comm_calls
 
 UNMATCHED = "its peers' matching op was not found: the member that arrived last is unknown"
+_UNPEERED = "unpeered"  # a point-to-point op naming no peer: no comm type of its own
 ROOT_SHARE = 0.01  # an interval shorter than this share of its bubble is never its root
 _HOST_NOTES = {walk.LAUNCHED_LATE: walk.LAUNCHED_LATE, walk.HOST_IDLE: walk.HOST_IDLE,
                walk.LAUNCHER: "", walk.STEP_TAIL: walk.STEP_TAIL}
+NOT_RECORDED = ("the rank's profile begins later (each rank enters the profiled steps on its "
+                "own): what it did then is not in the bundle")
 
 
 @dataclass
@@ -113,7 +116,7 @@ class Blamer:
         graph = walk.graph
         self.walk, self.graph = walk, graph
         self.slow_op = slow_op if slow_op is not None else np.zeros(len(graph), dtype=bool)
-        self.comm_category = _comm_categories(graph.ops.frame, groups)
+        self.comm_category = comm_categories(graph.ops.frame, groups)
         self.idle_compute = causes.PIPELINE_FILL if _pipelined(graph.ops.frame, groups) \
             else causes.PEER_COMPUTE
         """what waiting on compute that no straggler did is: a pipeline's dependency, or, in a
@@ -150,7 +153,9 @@ class Blamer:
     def _interval(self, piece: Piece) -> Interval:
         graph, op = self.graph, piece.op
         note, group = _HOST_NOTES.get(piece.why, piece.why), ""
-        if piece.why == walk.RAN:
+        if piece.why == walk.NOT_RECORDED:
+            note = NOT_RECORDED
+        elif piece.why == walk.RAN:
             note = ""
         elif piece.why == walk.WAITING and graph.unprofiled[op]:
             group = str(graph.group[op])
@@ -180,18 +185,24 @@ def _merge(pieces: list[Interval]) -> list[Interval]:
     return merged
 
 
-def _comm_categories(frame: pd.DataFrame, groups: pd.DataFrame) -> np.ndarray:
-    """Per op: its group's parallel dimension's category, else its comm type's, else the
-    category of communication whose dimension is unknown (never a guess): a point-to-point
-    op is a pipeline transfer only when it names its peer."""
+def comm_categories(frame: pd.DataFrame, groups: pd.DataFrame) -> np.ndarray:
+    """Per op, the category its communication is charged to ("" for ops that are not
+    communication): its group's parallel dimension's, else its comm type's, else the category
+    of communication whose dimension is unknown (never a guess); a point-to-point op is a
+    pipeline transfer only when it names its peer. Blame, the metrics and the checks all read
+    a group's dimension from here."""
     dims = dict(zip(groups["group"], groups["dim"], strict=True)) if len(groups) else {}
     comm = frame["comm"].to_numpy(dtype=object)
     unpeered = np.isin(comm, list(schema.P2P_COMMS)) & (frame["peer"].to_numpy() < 0)
-    keys = pd.MultiIndex.from_arrays([frame["group"], np.where(unpeered, "", comm)])
-    codes, uniques = pd.factorize(keys)
-    table = np.array([causes.for_collective(str(dims.get(group, "")), str(kind))
-                      for group, kind in uniques], dtype=object)
-    return table[codes]
+    is_comm = frame["kind"].isin([schema.COLLECTIVE, schema.P2P]).to_numpy() | (comm != "")
+    rows = np.flatnonzero(is_comm)  # factorize those only: most ops are not communication
+    kinds = np.where(unpeered[rows], _UNPEERED, comm[rows])
+    codes, uniques = pd.factorize(pd.MultiIndex.from_arrays([frame["group"].iloc[rows], kinds]))
+    out = np.full(len(frame), "", dtype=object)
+    if len(uniques):
+        out[rows] = np.array([causes.for_collective(str(dims.get(group, "")), str(kind))
+                              for group, kind in uniques], dtype=object)[codes]
+    return out
 
 
 def _pipelined(frame: pd.DataFrame, groups: pd.DataFrame) -> bool:

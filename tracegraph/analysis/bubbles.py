@@ -42,10 +42,14 @@ def _lane_bubbles(blamer: Blamer, inside: np.ndarray, step: int, lo: int, hi: in
         return []
     graph = blamer.graph
     a, b = np.maximum(graph.start[inside], lo), np.minimum(graph.end[inside], hi)
+    kind = graph.kind[inside]
+    p2p = kind == schema.P2P  # a P2P op waits from when its host call posted it, after the
+    earlier = np.maximum.accumulate(np.where(p2p, b, lo))  # P2P ops before it (one exchange)
+    a[p2p] = np.maximum(np.minimum(graph.posted[inside[p2p]], a[p2p]),
+                        np.r_[lo, earlier[:-1]][p2p])
     before = np.maximum.accumulate(b)  # the latest end so far
     idle = np.zeros(len(inside), dtype=bool)
     idle[1:] = a[1:] - before[:-1] > threshold_ns
-    kind = graph.kind[inside]
     waiting = (b - a > threshold_ns) & np.isin(kind, [schema.WAIT, schema.P2P, schema.COLLECTIVE,
                                                       schema.MARKER])
     found = []

@@ -12,6 +12,7 @@ from tracegraph.graph.ops import Ops, comm_calls
 SLOW_RANK_FACTOR = 1.15  # compute busier than this × the median of the other ranks = straggler
 SLOW_RANK_SHARE = 0.05  # ... and by at least this share of the profiled time
 OUTLIER_MADS = 3.0  # ... and stands this many robust deviations above the ranks' median
+HOST_SPREAD = 0.10  # the least spread of host-thread work: a share of the ranks' median
 SLOW_OP_SHARE = 0.01  # an op name is slow on a rank when its excess is this share at least
 
 
@@ -32,19 +33,25 @@ def slow_ranks(walk: BindingWalk, profiled_ns: int) -> set[int]:
     ns = work.to_numpy()
     others = median_of_others(ns, np.zeros(len(ns), dtype=np.int64)) if len(ns) > 1 else ns
     slow = (ns > SLOW_RANK_FACTOR * others) & (ns - others > SLOW_RANK_SHARE * profiled_ns)
-    return {int(r) for r in work.index[slow & _outliers(ns)]}
+    floor = HOST_SPREAD if on_host(graph.ops) else 0.0
+    return {int(r) for r in work.index[slow & _outliers(ns, floor)]}
 
 
-def _outliers(values: np.ndarray) -> np.ndarray:
+def on_host(ops: Ops) -> bool:
+    """Whether every rank is seen through host threads (a CPU-only job): its work is measured
+    in wall time that other processes of the host may have held the core for."""
+    main = ops.lanes[ops.lanes["main"]]
+    return bool(len(main)) and bool((main["mode"] == schema.THREAD).all())
+
+
+def _outliers(values: np.ndarray, floor: float = 0.0) -> np.ndarray:
     """Mask of values beyond the ranks' own spread: more than OUTLIER_MADS robust standard
-    deviations (1.4826 × the median absolute deviation) above the median. Busy hosts make
-    healthy ranks' work vary by half; a straggler stands out of that. Under four ranks the
-    spread says nothing: every value passes."""
-    if len(values) < 4:
-        return np.ones(len(values), dtype=bool)
-    median = np.median(values)
-    spread = 1.4826 * np.median(np.abs(values - median))
-    return values - median > OUTLIER_MADS * spread
+    deviations (1.4826 × the median absolute deviation, at least `floor` × the median) above
+    the median. Busy hosts make healthy ranks' work vary by half; a straggler stands out of
+    that. Work measured on host threads (a CPU-only job) also counts the time other processes
+    of the host held the core, so a few ranks that happen to agree do not make the spread
+    smaller than that floor. Under four ranks the spread says nothing: every value passes."""
+    return _outliers_by_group(values, np.zeros(len(values), dtype=np.int64), floor)
 
 
 def own_work(frame: pd.DataFrame) -> np.ndarray:
@@ -57,10 +64,11 @@ def own_work(frame: pd.DataFrame) -> np.ndarray:
 def slow_ops(ops: Ops, slow: set[int], profiled_ns: int) -> np.ndarray:
     """Per op: is it straggler compute? An op whose name also runs on other ranks is slow when
     its rank's median duration for that name exceeds SLOW_RANK_FACTOR × the other ranks'
-    median, on a slow rank or with an excess over the rank's ops of that name of SLOW_OP_SHARE
-    of the profiled time at least (every kernel of a slow GPU; an expert MLP on an overloaded
-    EP rank; not the jitter of a tiny op on a busy host); an op only its own rank runs is slow
-    when the whole rank is."""
+    median and stands out of the ranks' medians for that name (as slow_ranks' totals do), on a
+    slow rank or with an excess over the rank's ops of that name of SLOW_OP_SHARE of the
+    profiled time at least (every kernel of a slow GPU; an expert MLP on an overloaded EP rank;
+    not the jitter of a tiny op on a busy host); an op only its own rank runs is slow when the
+    whole rank is."""
     frame = ops.frame
     names, ranks = frame["name"].to_numpy(), frame["rank"].to_numpy().astype(np.int64)
     codes, uniques = pd.factorize(names, use_na_sentinel=False)
@@ -74,10 +82,23 @@ def slow_ops(ops: Ops, slow: set[int], profiled_ns: int) -> np.ndarray:
     others = median_of_others(medians.to_numpy(), name_code)
     weighty = ((medians.to_numpy() - others) * counts >= SLOW_OP_SHARE * profiled_ns) | np.isin(
         rank, list(slow))
-    flagged = shared[name_code] & (medians.to_numpy() > SLOW_RANK_FACTOR * others) & weighty
+    standout = _outliers_by_group(medians.to_numpy(), name_code,
+                                  HOST_SPREAD if on_host(ops) else 0.0)
+    flagged = shared[name_code] & (medians.to_numpy() > SLOW_RANK_FACTOR * others) & weighty \
+        & standout
     span = int(ranks.max()) + 1 if len(ranks) else 1
     hit = np.isin(codes * span + ranks, name_code[flagged] * span + rank[flagged])
     return hit | (~shared[codes] & np.isin(ranks, list(slow)))
+
+
+def _outliers_by_group(values: np.ndarray, groups: np.ndarray, floor: float) -> np.ndarray:
+    """_outliers within each group of values (one per rank), in one pass over all groups."""
+    frame = pd.DataFrame({"v": values, "g": groups})
+    by = frame.groupby("g")["v"]
+    median = by.transform("median").to_numpy()
+    mad = (frame["v"] - median).abs().groupby(frame["g"]).transform("median").to_numpy()
+    spread = np.maximum(1.4826 * mad, floor * median)
+    return (by.transform("size").to_numpy() < 4) | (values - median > OUTLIER_MADS * spread)
 
 
 def median_of_others(values: np.ndarray, groups: np.ndarray) -> np.ndarray:

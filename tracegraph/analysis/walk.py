@@ -43,6 +43,7 @@ UNSEEN_LAUNCH = "device idle: the profile holds neither its host launch nor a st
 HOST_IDLE = "host thread idle"
 LAUNCHER = "waiting for the host op that launched it"
 STEP_TAIL = "step marker runs past the rank's last op"  # only at the end of a critical path
+NOT_RECORDED = "before the rank's profile begins: not recorded"
 _BLOCKING = (schema.WAIT, schema.COLLECTIVE, schema.P2P)
 UNMATCHED_CONFIDENCE = 0.3  # a comm op whose peers' op was not found: who was late is unknown
 
@@ -213,9 +214,13 @@ class BindingWalk:
         after = k + 1 if k >= 0 else graph.lane_first[graph.lane_id[j]]
         if after < j:  # the first device op after k
             nxt = after + int(np.argmin(graph.host_side[after:j + 1]))
+        begins = graph.profile_start.get(int(graph.rank[j]), a)
         while b > a:
             gap_lo = max(a, self.end[k]) if k >= 0 else a
             gap_hi = min(b, self.start[nxt])
+            if k < 0 and gap_lo < begins:  # the lane's first op: the profile began after a
+                _add(out, nxt, gap_lo, min(gap_hi, begins), NOT_RECORDED)
+                gap_lo = max(gap_lo, min(gap_hi, begins))
             if gap_hi > gap_lo:
                 self._gap(nxt, gap_lo, gap_hi, depth + 1, out)
             if k < 0 or self.end[k] <= a:

@@ -41,7 +41,7 @@ RELEASED_AT = {"stream": "end", "launch": "start", "event_wait": "end", "queue":
                "gate": "end", "p2p": "start", "collective": "start", "host_release": "end",
                "host_sync": "end", "shared_queue": "end"}
 """Which point of the source op the destination waited for, per edge kind."""
-RELEASE_WINDOW_NS = 2_000_000  # a host thread resumes this soon after the op it waited on ends
+RELEASE_WINDOW_NS = 5_000_000  # a host thread resumes this soon after the op it waited on ends
 RELEASE_SHARE = 0.03  # ... or within this share of a long stretch (a busy CPU wakes it late)
 QUEUE_WINDOW_NS = 50_000  # a serialized stream starts this soon after the op ahead of it ends
 HOST_SYNC_WINDOW_NS = 1_000_000  # a host blocked on the device launches this soon after it ends
@@ -66,6 +66,7 @@ class DepGraph:
     launch: np.ndarray  # when the host enqueued each device op (aligned ns), -1 if unknown
     unprofiled: np.ndarray  # per collective op: members of its group absent from the bundle
     unmatched: np.ndarray  # per comm op: a profiled peer's matching op was not found
+    posted: np.ndarray  # when each op was posted (a gloo P2P record: when its host call began)
     warnings: list[str] = field(default_factory=list)
     _static: pd.DataFrame = field(default_factory=pd.DataFrame, repr=False)
     _inferred: dict[tuple[int, int, str], str] = field(default_factory=dict, repr=False)
@@ -89,6 +90,9 @@ class DepGraph:
         self.sampled = False  # collectives refused order matching: events may be missing
         self._comm_ends = _ends_by_rank(frame, self.end, _COMM)
         self._device_ends = _ends_by_rank(frame, self.end, _DEVICE_WORK)
+        starts = pd.Series(self.start).groupby(self.rank).min() if len(frame) else pd.Series()
+        self.profile_start = {int(r): int(t) for r, t in starts.items()}
+        """rank -> when its profile begins (its earliest op, aligned): nothing before is known"""
 
     def __len__(self) -> int:
         return len(self.start)
@@ -224,13 +228,14 @@ def build_graph(ops: Ops, matches: Matches, start: np.ndarray, end: np.ndarray,
     if matches.queued:
         queued[list(matches.queued)] = list(matches.queued.values())
     launcher = matches.launcher if len(matches.launcher) else np.full(n, -1, dtype=np.int64)
-    _direct_pairs(dep, how, start)
+    posted = _posted(ops, start)
+    _direct_pairs(dep, how, posted)
     _direct_instances(dep, how, start, matches.instances)
     launch = frame["launch"].to_numpy() if "launch" in frame else np.full(n, -1)
     aligned_launch = np.where(launch >= 0, launch - (frame["start"].to_numpy() - start), -1)
     graph = DepGraph(ops=ops, start=start, end=end, dep=dep, how=how, launcher=launcher,
                      queued=queued, gates=matches.gates, launch=aligned_launch,
-                     unprofiled=unprofiled, unmatched=unmatched,
+                     unprofiled=unprofiled, unmatched=unmatched, posted=posted,
                      warnings=list(matches.warnings))
     graph.sampled = bool(len(matches.instances)) and not matches.instances["safe"].all()
     graph._static = _static_edges(graph)
@@ -243,6 +248,26 @@ def build_graph(ops: Ops, matches: Matches, start: np.ndarray, end: np.ndarray,
 def host_side_waits(frame: pd.DataFrame) -> np.ndarray:
     """Kineto's stream waits: they sit at their host call, not on the device (walks skip them)."""
     return (frame["kind"].to_numpy() == schema.WAIT) & (frame["wait_on_stream"].to_numpy() >= 0)
+
+
+def _posted(ops: Ops, start: np.ndarray) -> np.ndarray:
+    """When each op was posted. On a host thread, the P2P calls and records that follow each
+    other with no other op between (a send, or a batch exchange: `c10d::send`, `gloo:send`,
+    `c10d::recv_`, `gloo:recv`) were posted together when the first call began: gloo's
+    `gloo:recv` starts when `c10d::recv_` returns, and that call may block. Every other op when
+    it starts."""
+    frame = ops.frame
+    kind, comm = frame["kind"].to_numpy(), frame["comm"].to_numpy()
+    thread = ops.lanes["mode"].to_numpy()[frame["lane_id"].to_numpy()] == schema.THREAD
+    part = thread & np.isin(comm, list(schema.P2P_COMMS)) & np.isin(kind, [schema.P2P,
+                                                                         schema.HOST])
+    prev = ops.lane_prev()
+    joined = part & (prev >= 0) & part[np.maximum(prev, 0)]  # continues the run before it
+    run = np.cumsum(~joined)  # ops are sorted by lane and time: a run is consecutive
+    first = np.flatnonzero(~joined)
+    posted = start.copy()
+    posted[part] = start[first[run[part] - 1]]
+    return posted
 
 
 def _direct_pairs(dep: np.ndarray, how: np.ndarray, start: np.ndarray) -> None:

@@ -18,10 +18,10 @@ import pandas as pd
 from tracegraph import causes, schema
 from tracegraph.analysis.analyze import Analysis
 from tracegraph.analysis.blame import Bubble, Interval
+from tracegraph.analysis.blame import comm_categories as comm_categories_of
 
 NS_PER_MS = 1e6
 REDUCTIONS = frozenset({"allreduce", "reducescatter", "reduce"})
-DIMS = causes.DIMS  # dp, pp, ep, tp, cp
 SETTLE_NS = 50_000  # pieces this short at a wait's end (a record, a wake-up) do not release it
 SETTLE_SHARE = 0.01  # ... nor pieces under this share of the wait
 _INSTANCE = re.compile(r"(?:[_@#]\d+)+(?:@[^@\s]+)?$")  # "_982_37_1@<group>", "#3", "_12"
@@ -127,34 +127,21 @@ def _sorted(values: dict[str, float]) -> dict[str, float]:
 
 
 # --- communication / compute overlap -----------------------------------------------------------
-def comm_dims(analysis: Analysis) -> np.ndarray:
-    """Parallel dimension of every op's group ("" for non-communication): the group's inferred
-    dim, else by comm type (all-to-all → ep, P2P → pp, other collectives → dp)."""
-    frame, groups = analysis.ops.frame, analysis.trace.groups
-    known = dict(zip(groups["group"], groups["dim"], strict=True)) if len(groups) else {}
-    dims = frame["group"].map(known).fillna("")
-    dims = dims.where(dims.isin(DIMS), "").to_numpy()
-    fallback = np.where(frame["comm"] == "alltoall", "ep",
-                        np.where(frame["comm"].isin(schema.P2P_COMMS), "pp", "dp"))
-    dims = np.where(dims == "", fallback, dims)
-    is_comm = frame["kind"].isin([schema.COLLECTIVE, schema.P2P]).to_numpy()
-    return np.where(is_comm, dims, "")
-
-
 def comm_categories(analysis: Analysis) -> np.ndarray:
     """Root-cause category every op's communication is charged to, as blame charges it
-    (causes.for_collective: its group's dimension, else its comm type, else COLLECTIVE); "" for
-    ops that are not communication."""
-    frame, groups = analysis.ops.frame, analysis.trace.groups
-    dims = dict(zip(groups["group"], groups["dim"], strict=True)) if len(groups) else {}
-    out = np.full(len(frame), "", dtype=object)
-    rows = np.flatnonzero(frame["comm"].fillna("").to_numpy() != "")  # factorize those only
-    codes, pairs = pd.factorize(pd.MultiIndex.from_arrays([frame["group"].iloc[rows],
-                                                           frame["comm"].iloc[rows]]))
-    table = np.array([causes.for_collective(str(dims.get(group, "")), str(comm))
-                      for group, comm in pairs], dtype=object)
-    out[rows] = table[codes] if len(table) else ""
-    return out
+    (blame.comm_categories); "" for ops that are not communication."""
+    return comm_categories_of(analysis.ops.frame, analysis.trace.groups)
+
+
+def comm_dims(analysis: Analysis) -> np.ndarray:
+    """Group kind of every communication op ("" for other ops): the parallel dimension of the
+    category blame charges it to (dp, pp, ep, tp, cp), or `collective` when its group's
+    dimension is unknown, so the overlap checks and blame name the same dimension."""
+    categories = pd.Series(comm_categories(analysis), dtype=object)
+    kinds = {c: causes.get(c).dim or c for c in categories.unique() if c}
+    dims = categories.map(kinds).fillna("").to_numpy(dtype=object)
+    is_comm = analysis.ops.frame["kind"].isin([schema.COLLECTIVE, schema.P2P]).to_numpy()
+    return np.where(is_comm, dims, "")
 
 
 def main_compute(analysis: Analysis) -> np.ndarray:
@@ -241,13 +228,18 @@ def _inside(intervals: tuple[np.ndarray, np.ndarray], points: np.ndarray) -> np.
 # --- what released a wait, and chains ----------------------------------------------------------
 def releaser(bubble: Bubble) -> Interval | None:
     """The piece of a bubble that released it: the last one, passing over the short records and
-    wake-ups (under SETTLE_NS or SETTLE_SHARE of the bubble) that follow the op waited for."""
+    wake-ups (under SETTLE_NS or SETTLE_SHARE of the bubble) that follow the op waited for; a
+    communication piece releases however short it is (the transfer after a late member)."""
     pieces = sorted(bubble.intervals, key=lambda p: p.end)
     settle = max(SETTLE_NS, SETTLE_SHARE * bubble.dur)
     for piece in reversed(pieces):
-        if piece.dur >= settle:
+        if piece.dur >= settle or (piece.dur >= SETTLE_NS and _communication(piece)):
             return piece
     return pieces[-1] if pieces else None
+
+
+def _communication(piece: Interval) -> bool:
+    return bool(causes.get(piece.category).dim) or piece.category == causes.COLLECTIVE
 
 
 def reduction_names(analysis: Analysis) -> frozenset[str]:
