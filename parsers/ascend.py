@@ -24,7 +24,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from parsers import ascend_layout
+from parsers import ascend_layout, ascend_memory
 from parsers.ascend_comm import Side, load_side, resolve_rank
 from parsers.ascend_layout import recognizes as recognizes  # the format's test, re-exported
 from parsers.base import Format, GroupInfo, ParsedRank, RankFiles, Reader, TraceError
@@ -124,7 +124,8 @@ def parse(files: RankFiles, read: Reader) -> ParsedRank:
         ctx.where = files.files["communication"]
         frame = _concat([frame, _comm_only_frame(ctx)])
     return ParsedRank(rank=rank, events=_table(frame, rank), groups=_groups(side, frame),
-                      meta=_meta(files, side, device_pid), warnings=warnings)
+                      meta=_meta(files, side, device_pid), warnings=warnings,
+                      memory=ascend_memory.memory(files, read, rank, warnings))
 
 
 # --- decoding --------------------------------------------------------------------------------

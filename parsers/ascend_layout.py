@@ -12,6 +12,7 @@ import re
 from collections import defaultdict
 from collections.abc import Collection
 
+from parsers.ascend_memory import ROLES as MEMORY_ROLES
 from parsers.base import Found, RankFiles, Sniff
 
 NAME = "ascend"
@@ -24,7 +25,8 @@ _PROFILER_INFO = re.compile(r"^profiler_info(?:_(\d+))?\.json$")
 _RAW_INFO = re.compile(r"(?:^|/)device_\d+/info\.json\.\d+$")  # in a PROF_* folder
 _RANK_ID = re.compile(rb'"rank_id"\s*:\s*"?(-?\d+)')
 _APO_ROLES = {"trace_view.json": "trace", "communication.json": "communication",
-              "communication_matrix.json": "matrix", "step_trace_time.csv": "step_trace"}
+              "communication_matrix.json": "matrix", "step_trace_time.csv": "step_trace",
+              **MEMORY_ROLES}
 _RAW = r"^(?:PROF_[^/]*/)?"  # raw msprof files sit in the profile folder or one PROF_* below
 _RAW_TRACE = re.compile(_RAW + r"mindstudio_profiler_output/msprof_[^/]*\.json$")
 _RAW_SIDES = ((re.compile(_RAW + r"analyze/communication\.json$"), "communication"),
