@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import io
 import re
+from functools import partial
 
 import numpy as np
 import pandas as pd
@@ -47,7 +48,7 @@ def memory(files: RankFiles, read: Reader, rank: int, warnings: list[str]) -> pa
             continue
         frame.columns = [c.strip() for c in frame.columns]
         try:
-            columns = _READERS[role](frame, lambda v: us_to_ns(v, member))
+            columns = _READERS[role](frame, partial(_at, us_to_ns, member))
         except KeyError as missing:
             warnings.append(f"{member}: no {missing} column; its memory rows skipped")
             continue
@@ -58,6 +59,10 @@ def memory(files: RankFiles, read: Reader, rank: int, warnings: list[str]) -> pa
             {**columns, "rank": np.full(rows, rank, dtype=np.int32), "source": [role] * rows},
             rows))
     return pa.concat_tables(tables) if tables else None
+
+
+def _at(reader, member: str, values: list) -> np.ndarray:
+    return reader(values, member)
 
 
 def _column(frame: pd.DataFrame, name: str) -> str:
