@@ -30,6 +30,7 @@ ROLES = {"memory_record.csv": "memory_record", "operator_memory.csv": "operator_
 _UNIT = re.compile(r"\((KB|MB|GB|B)\)\s*$", re.IGNORECASE)
 _SUFFIX = re.compile(r"\([^)]*\)\s*$")  # "(us)", "(MB)", ...
 _SCALE = {"b": 1, "kb": 1 << 10, "mb": 1 << 20, "gb": 1 << 30}
+MINDSPORE_MB = 1024 * 1000  # MindSpore's viewer writes its own rows' "MB" as bytes / 1024 / 1000
 
 
 def memory(files: RankFiles, read: Reader, rank: int, warnings: list[str]) -> pa.Table | None:
@@ -96,10 +97,16 @@ def _device(frame: pd.DataFrame) -> list[str]:
 
 def _records(frame: pd.DataFrame, us) -> dict[str, object]:
     """memory_record.csv: one sample per allocator event, per component."""
-    return {"start_ns": us(frame[_column(frame, "Timestamp")].tolist()),
-            "allocated": _bytes(frame, "Total Allocated"),
-            "reserved": _bytes(frame, "Total Reserved"), "active": _bytes(frame, "Total Active"),
-            "component": frame["Component"].str.strip().tolist(), "device": _device(frame)}
+    component = frame["Component"].str.strip()
+    mindspore = component.str.startswith("MindSpore").to_numpy()
+    sizes = {key: _bytes(frame, f"Total {key.title()}")
+             for key in ("allocated", "reserved", "active")}
+    if mindspore.any() and _UNIT.search(_column(frame, "Total Allocated"))[1].lower() == "mb":
+        for values in sizes.values():
+            known = mindspore & (values >= 0)
+            values[known] = np.rint(values[known] / (1 << 20) * MINDSPORE_MB).astype(np.int64)
+    return {"start_ns": us(frame[_column(frame, "Timestamp")].tolist()), **sizes,
+            "component": component.tolist(), "device": _device(frame)}
 
 
 def _modules(frame: pd.DataFrame, us) -> dict[str, object]:

@@ -40,6 +40,15 @@ TIMELINE_COLUMNS = {
 }
 
 
+MEMORY_COLUMNS = {
+    "rank": "int32",
+    "time_ns": "int64",  # when the host allocated / released (true clock)
+    "bytes": "int64",  # + allocation, − release
+    "allocated": "int64",  # the allocator's total allocated bytes after it
+    "reserved": "int64",  # ... and its reserved bytes
+}
+
+
 @dataclass
 class StepSpan:
     """One ProfilerStep#N on one rank, on the true clock."""
@@ -61,6 +70,7 @@ class Timeline:
     steps: list[StepSpan]
     clock_offset_ns: dict[int, int]  # rank -> offset the rank's clock runs ahead of true time
     compute_stream: int = 47  # the main compute stream id
+    memory: pd.DataFrame | None = None  # MEMORY_COLUMNS: the allocator's totals, None: unprofiled
     ground_truth: dict[str, object] = field(default_factory=dict)  # see ground_truth.json
 
     @property

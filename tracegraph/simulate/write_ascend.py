@@ -67,6 +67,7 @@ HW_TASK = {"Notify_Record": "Write Value", "Notify_Wait": "Notify Wait", "Memcpy
 TRANSPORTS = ("RDMA", "HCCS", "PCIE", "SDMA", "SIO")
 LARGE_PACKET_MB = 32.0
 MS_VERSION, CANN_VERSION = "2.6.0", "8.3.RC1"
+MS_MB = 1024 * 1000  # MindSpore's memory_record "MB": bytes / 1024 (KB) / 1000
 
 
 def files(timeline: Timeline) -> dict[str, bytes]:
@@ -166,7 +167,7 @@ class _RankWriter:
 
     def files(self) -> dict[str, Data]:
         out = f"{self.root}/ASCEND_PROFILER_OUTPUT"
-        return {
+        files = {
             f"{self.root}/profiler_info_{self.rank}.json": self.profiler_info(),
             f"{self.root}/profiler_metadata.json": self.profiler_metadata(),
             f"{out}/trace_view.json": self.trace_view(),
@@ -174,6 +175,26 @@ class _RankWriter:
             f"{out}/communication_matrix.json": self.communication_matrix(),
             f"{out}/step_trace_time.csv": self.step_trace_time(),
         }
+        if self.job.timeline.memory is not None:
+            files[f"{out}/memory_record.csv"] = self.memory_record()
+        return files
+
+    def memory_record(self) -> bytes:
+        """memory_record.csv as MindSpore's AscendMemoryViewer writes it: a `MindSpore` row
+        per allocator event and the `MindSpore+GE` sum beside it (no GE memory here), sizes
+        in its "MB" of 1024 × 1000 bytes, the µs timestamp as Decimal text."""
+        memory = self.job.timeline.memory
+        mine = memory[memory["rank"] == self.rank]
+        micros_text = [f"{t // 1000}.{t % 1000:03d}" for t in
+                       (mine["time_ns"].to_numpy(np.int64) + self.shift).tolist()]
+        lines = ["Component,Timestamp(us),Total Allocated(MB),Total Reserved(MB),"
+                 "Total Active(MB),Device Type"]
+        for ts, allocated, reserved in zip(micros_text, mine["allocated"].tolist(),
+                                           mine["reserved"].tolist(), strict=True):
+            sizes = f"{allocated / MS_MB!r},{reserved / MS_MB!r},{allocated / MS_MB!r}"
+            for component in ("MindSpore", "MindSpore+GE"):
+                lines.append(f"{component},{ts},{sizes},NPU:{self.rank}")
+        return ("\n".join(lines) + "\n").encode()
 
     # --- the rank's ops, with the ids msprof assigns ---------------------------------------------
 
@@ -560,7 +581,8 @@ class _RankWriter:
                     "activities": ["ProfilerActivity.CPU", "ProfilerActivity.NPU"],
                     "schedule": {"wait": 0, "active": 1, "warmup": 1, "repeat": 1,
                                  "skip_first": max(first_step - 1, 0)},
-                    "record_shapes": False, "profile_memory": False, "with_stack": False,
+                    "record_shapes": False,
+                    "profile_memory": bool(self.job.timeline.params.get("memory")), "with_stack": False,
                     "with_flops": False, "with_modules": False},
                 "experimental_config": {
                     "_profiler_level": "Level1", "_aic_metrics": "ACL_AICORE_PIPE_UTILIZATION",

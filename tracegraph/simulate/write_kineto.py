@@ -220,9 +220,12 @@ class _RankTrace:
 
     def trace(self) -> list[bytes]:
         sections = [self._metadata(), self._steps(), self._host(), self._comm_host(),
-                    self._device(), self._syncs(), self._flows(), self._instants()]
+                    self._device(), self._syncs(), self._flows(), self._memory(),
+                    self._instants()]
+        gpu = _GPU | ({"totalGlobalMem": int(self.job.timeline.params["device_gib"] * 2**30)}
+                      if self.job.timeline.params.get("memory") else {})
         head = {"schemaVersion": 1,
-                "deviceProperties": [{"id": d, **_GPU} for d in range(8)],
+                "deviceProperties": [{"id": d, **gpu} for d in range(8)],
                 "trace_id": hashlib.md5(self.file_name.encode()).hexdigest().upper(),
                 "distributedInfo": self._distributed_info(),
                 "host_name": f"node{self.rank // 8}", "displayTimeUnit": "ms",
@@ -465,6 +468,24 @@ class _RankTrace:
         return [",\n".join(f'{{"ph":"M","name":"{name}","ts":{ts},"pid":{pid},"tid":{tid},'
                            f'"args":{orjson.dumps({key: value}).decode()}}}'
                            for pid, tid, name, key, value in rows).encode()]
+
+    def _memory(self) -> list[bytes]:
+        """`[memory]` instant events (profile_memory=True) on the main thread: the caching
+        allocator's totals after each allocation / release, as PyTorch's AddGenericMetadata
+        writes their args (Device Type 1 = CUDA)."""
+        memory = self.job.timeline.memory
+        if memory is None:
+            return []
+        mine = memory[memory["rank"] == self.rank]
+        addr = 0x7F0000000000 + np.cumsum(mine["bytes"].abs().to_numpy(np.int64))
+        return render(
+            '{"ph":"i","cat":"cpu_instant_event","s":"t","name":"[memory]","pid":%d,"tid":%d,'
+            '"ts":%d.%03d,"args":{"Device Type":1,"Device Id":%d,"Addr":%d,"Bytes":%d,'
+            '"Total Allocated":%d,"Total Reserved":%d,"Ev Idx":%d}}',
+            [self.pid, self.pid, *micros(mine["time_ns"].to_numpy(np.int64) + self.shift
+                                         - self.base),
+             self.device, addr, mine["bytes"].to_numpy(), mine["allocated"].to_numpy(),
+             mine["reserved"].to_numpy(), np.arange(len(mine))], len(mine))
 
     def _instants(self) -> list[bytes]:
         start, end = _us_text(self.start - self.base), _us_text(self.end - self.base)
