@@ -582,8 +582,8 @@ class _RankWriter:
                     "schedule": {"wait": 0, "active": 1, "warmup": 1, "repeat": 1,
                                  "skip_first": max(first_step - 1, 0)},
                     "record_shapes": False,
-                    "profile_memory": bool(self.job.timeline.params.get("memory")), "with_stack": False,
-                    "with_flops": False, "with_modules": False},
+                    "profile_memory": bool(self.job.timeline.params.get("memory")),
+                    "with_stack": False, "with_flops": False, "with_modules": False},
                 "experimental_config": {
                     "_profiler_level": "Level1", "_aic_metrics": "ACL_AICORE_PIPE_UTILIZATION",
                     "_l2_cache": False, "_msprof_tx": False, "_data_simplification": True,
