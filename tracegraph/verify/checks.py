@@ -48,6 +48,7 @@ from parsers.base import TraceError
 from tracegraph import causes, schema
 from tracegraph.analysis.analyze import Analysis
 from tracegraph.analysis.blame import Bubble
+from tracegraph.analysis.overlap import stage_reductions
 from tracegraph.verify import metrics
 
 if sys.version_info >= (3, 11):
@@ -273,21 +274,8 @@ class Facts:
 
     @cached_property
     def stage_reductions(self) -> list[tuple[int, int, int, np.ndarray]]:
-        """(rank, start, end, ops) of every run of back-to-back DP reductions on one lane: the
-        reduction of one pipeline stage's gradients."""
-        frame, (start, end) = self.analysis.ops.frame, self.times
-        idx = np.flatnonzero((metrics.comm_dims(self.analysis) == "dp")
-                             & frame["comm"].isin(metrics.REDUCTIONS).to_numpy()
-                             & (frame["kind"] == schema.COLLECTIVE).to_numpy())
-        if not len(idx):
-            return []
-        lane = frame["lane_id"].to_numpy()[idx]  # frame is sorted by (lane_id, start)
-        new = np.ones(len(idx), dtype=bool)
-        new[1:] = (lane[1:] != lane[:-1]) | (start[idx[1:]] - end[idx[:-1]] > metrics.SETTLE_NS)
-        runs = np.split(idx, np.flatnonzero(new)[1:])
-        ranks = frame["rank"].to_numpy()
-        return [(int(ranks[run[0]]), int(start[run].min()), int(end[run].max()), run)
-                for run in runs]
+        """(rank, start, end, ops) of every stage reduction (overlap.stage_reductions)."""
+        return stage_reductions(self.analysis)
 
     def ms(self, ns: float) -> float:
         """Aligned ns as ms since the analysis origin."""
