@@ -140,6 +140,19 @@ def staged(analysis, blocks: pd.DataFrame, source: str, order: dict[int, float])
                                                        ignore_index=True), source)
 
 
+def rank_stages(trace) -> dict[int, int]:
+    """Rank -> stage: its position, in rank order, among the ranks P2P ops or `pp` groups link
+    into one replica (the usual layout numbers stages in rank order)."""
+    ranks = trace.rank_ids
+    replicas = _replicas(trace, ranks)
+    stage: dict[int, int] = {}
+    seen: Counter[int] = Counter()
+    for r in sorted(ranks, key=lambda r: (replicas[r], r)):
+        stage[r] = seen[replicas[r]]
+        seen[replicas[r]] += 1
+    return stage
+
+
 def _replicas(trace, ranks: list[int]) -> dict[int, int]:
     """rank -> replica number: components of P2P peers and `pp` groups, by smallest member."""
     parent = {r: r for r in ranks}
