@@ -13,6 +13,7 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 
+from reports.findings import findings_html
 from reports.markdown import rank_sum
 from reports.pipeline import pipeline_figure
 from reports.waterfall import MAX_SEGMENTS, waterfall
@@ -49,8 +50,11 @@ def render(analysis, *, step: int | None = None, top: int = 10, pipeline=None) -
                                           slowest.get(s)))
             bar.advance()
     title = f"tracegraph report: {analysis.trace.source}"
-    body = [f"<h1>{escape(title)}</h1>", _overview(analysis, steps, pipeline), *sections,
-            _totals(analysis, step)]
+    from tracegraph.analysis.findings import find_all
+
+    found = [f.as_dict() for f in find_all(analysis, pipeline)]
+    body = [f"<h1>{escape(title)}</h1>", _overview(analysis, steps, pipeline),
+            findings_html(found), *sections, _totals(analysis, step)]
     return ("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">"
             f"<title>{escape(title)}</title><style>{STYLE}</style></head><body>\n"
             + "\n".join(body) + "\n</body></html>\n")

@@ -9,8 +9,10 @@ from tracegraph.analysis.critical_path import PathSegment
 NS_PER_MS = 1e6
 
 
-def summarize(analysis: Analysis, *, step: int | None = None, top: int = 10) -> dict[str, object]:
-    """Steps, bubbles (the `top` longest, all when top <= 0), blame, critical path, clocks."""
+def summarize(analysis: Analysis, *, step: int | None = None, top: int = 10,
+              findings: list | None = None) -> dict[str, object]:
+    """Steps, bubbles (the `top` longest, all when top <= 0), blame, critical path, clocks, and
+    `findings` (tracegraph.analysis.findings) when given."""
     origin = analysis.origin
     bubbles = [b for b in analysis.bubbles if step is None or b.step == step]
     shown = bubbles if top <= 0 else bubbles[:top]
@@ -27,6 +29,7 @@ def summarize(analysis: Analysis, *, step: int | None = None, top: int = 10) -> 
                           if step is None or s == step},
         "slow_ranks": sorted(analysis.slow_ranks),
         "warnings": analysis.warnings,
+        **({"findings": [f.as_dict() for f in findings]} if findings is not None else {}),
     }
 
 
