@@ -381,13 +381,15 @@ def test_op_order_recovers_the_simulated_schedule(pp_sim) -> None:
         0: 0, 1: 1, 2: 2, 3: 3}
 
 
-def test_report_of_a_simulated_bundle_uses_its_ground_truth(pp_sim, tmp_path: Path) -> None:
-    _, archive, _ = pp_sim
+def test_report_of_a_simulated_bundle_draws_the_pipeline_from_the_trace(pp_sim,
+                                                                         tmp_path: Path) -> None:
+    _, archive, _ = pp_sim  # its ground_truth.json lies beside it: the report must not read it
+    assert archive.with_name("pp.ground_truth.json").is_file()
     out = tmp_path / "sim.html"
     run = CliRunner().invoke(app, ["report", str(archive), "-o", str(out), "--no-cache"])
     assert run.exit_code == 0, run.output
     html = out.read_text()
-    assert "pipeline from ground truth" in html
+    assert "pipeline from op order" in html and "ground truth" not in html
     assert html.count("theory (p−1)\\u002f(v·m) = 0.375 (p=4, v=1, m=8)") == 2
 
 

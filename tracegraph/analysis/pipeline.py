@@ -1,7 +1,7 @@
 """The pipeline schedule recovered from a trace: stage × time with F/B/W blocks per microbatch.
 
-Sources, best first:
-- a schedule known beforehand (the simulator's ground truth: `simulate/truth_pipeline.py`);
+Sources, best first (a simulation's ground truth, `simulate/truth_pipeline.py`, serves tests
+only: the report draws what the trace says):
 - user annotations such as `FWD mb=3`, `BWD mb=3`, `W mb=0 chunk=1` (phase, microbatch, chunk);
 - the order of P2P ops on each rank: main-lane compute after a receive from the previous stage
   (or before a send to the next) is forward, after a receive from the next stage (or before a send
@@ -76,11 +76,9 @@ class Pipeline:
         return BubbleRatio(p, v, m, measured, (p - 1) / (v * m) if m else float("nan"))
 
 
-def recover(analysis, known: Pipeline | None = None) -> Pipeline | None:
-    """The pipeline of `analysis`: `known` (e.g. a simulation's own schedule), else from
-    annotations, else from op order."""
-    if known is not None:
-        return known
+def recover(analysis) -> Pipeline | None:
+    """The pipeline of `analysis` from its annotations, else from its op order; None when
+    neither can be trusted (nothing is drawn rather than a wrong picture)."""
     return from_annotations(analysis) or from_op_order(analysis)
 
 
@@ -108,11 +106,11 @@ def from_annotations(analysis) -> Pipeline | None:
 def from_op_order(analysis) -> Pipeline | None:
     """Blocks from main-lane compute between P2P boundaries (see the module docstring)."""
     frame = analysis.ops.frame
-    if not ((frame["kind"] == schema.P2P) & (frame["peer"] >= 0)).any() or _interleaved(
-            analysis.trace):
+    if not ((frame["kind"] == schema.P2P) & (frame["peer"] >= 0)).any():
         return None
+    ring = _interleaved(analysis.trace)
     start, end = analysis.start, analysis.end
-    after, before = _evidence(analysis, start, end)
+    after, before = _evidence(analysis, start, end, _upstream(analysis, ring))
     lane_ids = frame["lane_id"].to_numpy()
     parts = [_lane_blocks(analysis, np.flatnonzero(lane_ids == lane_id), start, end, after,
                           before).assign(rank=rank)
@@ -120,7 +118,83 @@ def from_op_order(analysis) -> Pipeline | None:
     blocks = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
     if blocks.empty:
         return None
+    if ring:  # interleaved: chunks and microbatches from the schedule the phases match
+        blocks = interleaved_labels(analysis, blocks)
+        if blocks is None:
+            return None
     return staged(analysis, blocks, "op order", {})
+
+
+def _upstream(analysis, ring: bool) -> np.ndarray:
+    """Per op: its P2P peer is upstream (an earlier stage) of its rank. Stages follow rank order
+    within a replica; on a ring (interleaved stages) the upstream peer is the previous rank,
+    wrapping from the first to the last."""
+    frame = analysis.ops.frame
+    rank, peer = frame["rank"].to_numpy(), frame["peer"].to_numpy()
+    if not ring:
+        return peer < rank
+    previous = {}
+    for members in _members(analysis.trace).values():
+        for i, r in enumerate(members):
+            previous[r] = members[i - 1]
+    return np.array([previous.get(int(r), -2) == int(q) for r, q in zip(rank, peer,
+                                                                          strict=True)])
+
+
+def _members(trace) -> dict[int, list[int]]:
+    """Replica -> its ranks in order."""
+    replicas = _replicas(trace, trace.rank_ids)
+    out: dict[int, list[int]] = {}
+    for r in sorted(replicas):
+        out.setdefault(replicas[r], []).append(r)
+    return out
+
+
+def interleaved_labels(analysis, blocks: pd.DataFrame) -> pd.DataFrame | None:
+    """Chunk and microbatch of each block of an interleaved pipeline: the rank's sequence of
+    block phases must be exactly that of Megatron's interleaved 1F1B for some chunk count v
+    (blocks merge where no P2P separates two actions: F+B on the last stage, B then F on the
+    first). None when no v fits every rank and step: unsure, so nothing is drawn."""
+    from tracegraph.analysis.schedules import segments
+
+    stage = {r: i for members in _members(analysis.trace).values() for i, r in enumerate(members)}
+    size = {r: len(m) for m in _members(analysis.trace).values() for r in m}
+    labelled = []
+    for (rank, _step), mine in blocks.sort_values("start").groupby(["rank", "step"]):
+        p, s = size[int(rank)], stage[int(rank)]
+        count, fit = len(mine), None
+        shapes = [(v, m) for v in range(2, count + 1) for m in range(p, count + 1, p)
+                  if v * m <= count <= 2 * v * m]
+        for v, m in shapes:
+            if _fits(segments(p, v, m, s), mine["phase"].tolist()):
+                fit = segments(p, v, m, s)[:count]
+                break
+        if fit is None:
+            return None
+        first = [seg[0] for seg in fit]
+        labelled.append(mine.assign(chunk=[a.chunk for a in first],
+                                    microbatch=[a.microbatch for a in first]))
+    return pd.concat(labelled, ignore_index=True)
+
+
+MATCH_SHARE = 0.95  # blocks that must agree with the schedule, in order, for it to be taken
+
+
+def _fits(expected: list, observed: list[str]) -> bool:
+    """Whether the observed block phases follow the schedule's segments in order: as many (a
+    few may be missing at the end, merged with what follows the step's last send) and at least
+    MATCH_SHARE of them the same phase (an F+B block may show as its F or its B)."""
+    if not observed or len(observed) > len(expected) or (
+            len(expected) - len(observed)) > (1 - MATCH_SHARE) * len(expected):
+        return False
+    same = sum(phase == _phase_of(seg) or (_phase_of(seg) == FB and phase in (F, B))
+               for seg, phase in zip(expected, observed, strict=False))
+    return same >= MATCH_SHARE * len(expected)
+
+
+def _phase_of(segment) -> str:
+    phases = {a.phase for a in segment}
+    return FB if len(phases) > 1 else phases.pop()
 
 
 # --- stages ----------------------------------------------------------------------------------
@@ -294,18 +368,19 @@ def _effective(analysis, ops: np.ndarray, start: np.ndarray, end: np.ndarray) ->
     return np.where(waits, np.maximum(start[ops], release), start[ops])
 
 
-def _evidence(analysis, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _evidence(analysis, start: np.ndarray, end: np.ndarray, upstream: np.ndarray
+              ) -> tuple[np.ndarray, np.ndarray]:
     """Per op: the phase of main-lane compute right after / right before it ("" if unknown).
 
     A P2P op speaks for itself. A wait speaks for the P2P op on the lane it waited for, a record
-    for the P2P op that the wait on it let go. Stages follow rank order: a lower peer is upstream.
+    for the P2P op that the wait on it let go. `upstream`: per op, whether its peer is upstream.
     """
     frame = analysis.ops.frame
-    rank, peer = frame["rank"].to_numpy(), frame["peer"].to_numpy()
+    peer = frame["peer"].to_numpy()
     comm, lane = frame["comm"].to_numpy(), frame["lane_id"].to_numpy()
     is_p2p = (frame["kind"].to_numpy() == schema.P2P) & (peer >= 0)
-    toward = np.where(peer < rank, B, F)  # compute before a message to that side
-    back = np.where(peer < rank, F, B)  # compute after a message from that side
+    toward = np.where(upstream, B, F)  # compute before a message to that side
+    back = np.where(upstream, F, B)  # compute after a message from that side
     after = np.where(is_p2p & (comm != "send"), back, "").astype(object)
     before = np.where(is_p2p & (comm != "recv"), toward, "").astype(object)
     dep = analysis.matches.dep
