@@ -21,6 +21,7 @@ import pandas as pd
 import pyarrow as pa
 
 from parsers.base import RankFiles, Reader
+from parsers.decimal_us import us_to_ns
 from tracegraph import schema
 from tracegraph.schema import NO_INT
 
@@ -35,8 +36,6 @@ MINDSPORE_MB = 1024 * 1000  # MindSpore's viewer writes its own rows' "MB" as by
 
 def memory(files: RankFiles, read: Reader, rank: int, warnings: list[str]) -> pa.Table | None:
     """The rank's memory rows from whichever memory files its profile holds; None if none."""
-    from parsers.ascend import us_to_ns  # the one exact µs reader (ascend imports this module)
-
     tables = []
     for role in ROLES.values():
         member = files.files.get(role)
