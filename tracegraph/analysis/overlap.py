@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from tracegraph import causes, schema
+from tracegraph.analysis import intervals
 
 if TYPE_CHECKING:
     from tracegraph.analysis.analyze import Analysis
@@ -29,7 +30,7 @@ def comm_dims(analysis: Analysis) -> np.ndarray:
     dim, else by comm type (all-to-all → ep, P2P → pp, other collectives → dp)."""
     frame, groups = analysis.ops.frame, analysis.trace.groups
     known = dict(zip(groups["group"], groups["dim"], strict=True)) if len(groups) else {}
-    dims = frame["group"].map(known).fillna("")
+    dims = frame["group"].map(known).astype(object).fillna("")
     dims = dims.where(dims.isin(DIMS), "").to_numpy()
     fallback = np.where(frame["comm"] == "alltoall", "ep",
                         np.where(frame["comm"].isin(schema.P2P_COMMS), "pp", "dp"))
@@ -72,12 +73,12 @@ def overlap_table(analysis: Analysis) -> pd.DataFrame:
         mine = order[np.searchsorted(by_rank, rank, "left"):np.searchsorted(by_rank, rank, "right")]
         s, e, d, c = start[mine], end[mine], dims[mine], computing[mine]
         for step, lo, hi in windows[["step", "start", "end"]].itertuples(index=False):
-            work = _union(s[c], e[c], lo, hi)
+            work = intervals.union(s[c], e[c], lo, hi)
             for dim in np.unique(d[d != ""]):
-                comm = _union(s[d == dim], e[d == dim], lo, hi)
+                comm = intervals.union(s[d == dim], e[d == dim], lo, hi)
                 if len(comm[0]):
-                    rows.append((int(rank), int(step), str(dim), _length(comm) / NS_PER_MS,
-                                 _overlap(comm, work) / NS_PER_MS))
+                    rows.append((int(rank), int(step), str(dim), intervals.length(comm) / NS_PER_MS,
+                                 intervals.overlap(comm, work) / NS_PER_MS))
     return pd.DataFrame(rows, columns=["rank", "step", "dim", "comm_ms", "overlap_ms"])
 
 
@@ -95,40 +96,6 @@ def overlap_ratios(analysis: Analysis, by_rank: bool = False,
     for (rank, dim), ratio in ratios.items():
         out.setdefault(int(rank), {})[str(dim)] = float(ratio)
     return out
-
-
-def _union(start: np.ndarray, end: np.ndarray, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
-    """Intervals clipped to [lo, hi] and merged into sorted disjoint ones."""
-    start, end = np.clip(start, lo, hi), np.clip(end, lo, hi)
-    keep = end > start
-    start, end = start[keep], end[keep]
-    if not len(start):
-        return start, end
-    order = np.argsort(start, kind="stable")
-    start, reach = start[order], np.maximum.accumulate(end[order])
-    first = np.ones(len(start), dtype=bool)
-    first[1:] = start[1:] > reach[:-1]
-    last = np.append(np.flatnonzero(first)[1:] - 1, len(start) - 1)
-    return start[first], reach[last]
-
-
-def _length(intervals: tuple[np.ndarray, np.ndarray]) -> int:
-    return int((intervals[1] - intervals[0]).sum())
-
-
-def _overlap(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> int:
-    """Length of the intersection of two sets of disjoint sorted intervals."""
-    points = np.unique(np.concatenate([*a, *b]))
-    if len(points) < 2:
-        return 0
-    left = points[:-1]
-    both = _inside(a, left) & _inside(b, left)
-    return int(np.diff(points)[both].sum())
-
-
-def _inside(intervals: tuple[np.ndarray, np.ndarray], points: np.ndarray) -> np.ndarray:
-    starts, ends = intervals
-    return np.searchsorted(starts, points, "right") > np.searchsorted(ends, points, "right")
 
 
 def stage_reductions(analysis: Analysis) -> list[tuple[int, int, int, np.ndarray]]:
@@ -157,7 +124,7 @@ def reduction_overlap(analysis: Analysis) -> pd.DataFrame:
     rows = []
     for rank, lo, hi, _ in stage_reductions(analysis):
         mine = computing & (ranks == rank)
-        work = _union(start[mine], end[mine], lo, hi)
-        rows.append((rank, lo, hi, (hi - lo) / NS_PER_MS, _length(work) / NS_PER_MS))
+        work = intervals.union(start[mine], end[mine], lo, hi)
+        rows.append((rank, lo, hi, (hi - lo) / NS_PER_MS, intervals.length(work) / NS_PER_MS))
     table = pd.DataFrame(rows, columns=["rank", "start", "end", "ms", "overlap_ms"])
     return table.assign(ratio=table["overlap_ms"] / table["ms"].where(table["ms"] > 0))

@@ -10,30 +10,13 @@ evidence (ranks, streams, times, numbers), a one-line suggestion, and a check ru
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-
-INFO, WARNING = "info", "warning"
-
-
-@dataclass
-class Finding:
-    """One finding: a title line, readable evidence lines, the numbers, and what to try."""
-
-    kind: str  # "exposed_comm" | "serialized_streams" | "stage_memory"
-    severity: str  # INFO | WARNING
-    title: str
-    suggestion: str
-    lines: list[str] = field(default_factory=list)  # the evidence, one readable line each
-    evidence: dict[str, object] = field(default_factory=dict)  # the numbers behind the lines
-
-    def as_dict(self) -> dict[str, object]:
-        return asdict(self)
+from tracegraph.analysis.findings import exposed, serialized, stage_memory
+from tracegraph.analysis.findings.finding import Finding
+from tracegraph.analysis.pipeline import rank_stages
 
 
 def find_all(analysis, pipeline=None) -> list[Finding]:
     """Every finding the analysis supports (those its data cannot support are left out)."""
-    from tracegraph.analysis.findings import exposed, serialized, stage_memory
-
     stages = stage_of(analysis, pipeline)
     found = [exposed.finding(analysis, stages), serialized.finding(analysis),
              stage_memory.finding(analysis, stages, pipeline)]
@@ -46,6 +29,4 @@ def stage_of(analysis, pipeline=None) -> dict[int, int]:
     if pipeline is not None and len(pipeline.blocks):
         return {int(r): int(s) for r, s in pipeline.blocks.drop_duplicates("rank")[
             ["rank", "stage"]].itertuples(index=False)}
-    from tracegraph.analysis.pipeline import rank_stages
-
     return rank_stages(analysis.trace)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from tracegraph.analysis.findings import INFO, WARNING, Finding
+from tracegraph.analysis.findings.finding import INFO, WARNING, Finding
 from tracegraph.analysis.overlap import overlap_table, reduction_overlap
 
 NAMES = {"ep": "EP all-to-all", "dp": "DP/HSDP reduction", "pp": "PP P2P", "tp": "TP",

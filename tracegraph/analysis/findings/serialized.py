@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 
 from tracegraph import schema
-from tracegraph.analysis.findings import WARNING, Finding
-from tracegraph.analysis.overlap import _length, _overlap, _union
+from tracegraph.analysis import intervals
+from tracegraph.analysis.findings.finding import WARNING, Finding
 
 CONCURRENT_SHARE = 0.01  # streams busy together less than this share of the less busy one ...
 MIN_DELAYED_OPS = 5  # ... with at least this many ops held back ...
@@ -42,17 +42,20 @@ def serialized_table(analysis) -> pd.DataFrame:
         others = np.unique(lane[collective & (frame["rank"].to_numpy() == rank)])
         for other in (o for o in others if o in streams and o != main):
             pair = (lane == main) | (lane == other)
-            a = _union(start[working & (lane == main)], end[working & (lane == main)],
-                       -np.inf, np.inf)
-            b = _union(start[working & (lane == other)], end[working & (lane == other)],
-                       -np.inf, np.inf)
+            a, b = (_busy_intervals(start, end, working & (lane == x)) for x in (main, other))
             held = np.flatnonzero(pair & working & (start - ready > HELD_NS) & (ready >= 0))
             delayed = [i for i in held if _busy(b if lane[i] == main else a, ready[i], start[i])]
-            rows.append((int(rank), _name(lanes, main), _name(lanes, other), _length(a) / 1e6,
-                         _length(b) / 1e6, _overlap(a, b) / 1e6, len(delayed),
+            rows.append((int(rank), _name(lanes, main), _name(lanes, other),
+                         intervals.length(a) / 1e6, intervals.length(b) / 1e6,
+                         intervals.overlap(a, b) / 1e6, len(delayed),
                          float(np.sum(start[delayed] - ready[delayed])) / 1e6))
     return pd.DataFrame(rows, columns=["rank", "main", "comm", "busy_main_ms", "busy_comm_ms",
                                        "concurrent_ms", "delayed_ops", "delayed_ms"])
+
+
+def _busy_intervals(start: np.ndarray, end: np.ndarray, mask: np.ndarray):
+    """When the ops under `mask` kept their stream busy, as disjoint intervals."""
+    return intervals.union(start[mask], end[mask], -np.inf, np.inf)
 
 
 def _ready(analysis) -> np.ndarray:
@@ -66,10 +69,10 @@ def _ready(analysis) -> np.ndarray:
     return np.where((launch >= 0) & ~waited, np.maximum(launch, after), -1)
 
 
-def _busy(intervals: tuple[np.ndarray, np.ndarray], lo: int, hi: int) -> bool:
+def _busy(other: tuple[np.ndarray, np.ndarray], lo: int, hi: int) -> bool:
     """Whether the other stream was busy for most of [lo, hi)."""
-    inside = _union(intervals[0], intervals[1], lo, hi)
-    return _length(inside) >= BUSY_SHARE * (hi - lo)
+    inside = intervals.union(other[0], other[1], lo, hi)
+    return intervals.length(inside) >= BUSY_SHARE * (hi - lo)
 
 
 def _name(lanes: pd.DataFrame, lane_id: int) -> str:

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import pandas as pd
 
-from tracegraph.analysis.findings import INFO, WARNING, Finding
+from tracegraph.analysis.findings.finding import INFO, WARNING, Finding
 from tracegraph.schema import FRAMEWORK_COMPONENTS
 
 GIB = float(1 << 30)
 IMBALANCE = 0.10  # stage peaks further apart than this are worth a warning
 NEAR_LIMIT = 0.90  # ... and so is a stage above this share of its device
+MEMORY_COLUMNS = ["rank", "stage", "component", "peak", "baseline", "activations", "reserved",
+                  "capacity"]
 SUGGESTION = ("give the first stages fewer layers (uneven pipeline layout) or recompute their "
               "activations (partial recompute of the earliest microbatches); interleaving (VPP) "
               "also spreads the embedding / loss load")
@@ -22,7 +24,9 @@ def memory_table(analysis, stages: dict[int, int]) -> pd.DataFrame:
     """rank, stage, component, peak, baseline, activations, reserved, capacity (bytes) within
     the rank's steps, from its framework allocator's rows."""
     memory = analysis.trace.memory
-    rows = []
+    rows: list[tuple] = []
+    if not len(memory):
+        return pd.DataFrame(rows, columns=MEMORY_COLUMNS)
     capacity = dict(zip(analysis.trace.ranks["rank"], analysis.trace.ranks["device_memory"],
                         strict=True))
     windows = analysis.step_table().groupby("rank").agg(lo=("start", "min"), hi=("end", "max"))
@@ -39,8 +43,7 @@ def memory_table(analysis, stages: dict[int, int]) -> pd.DataFrame:
         peak, base = int(mine["allocated"].max()), int(mine["allocated"].min())
         rows.append((int(rank), stages.get(int(rank), 0), component, peak, base, peak - base,
                      int(mine["reserved"].max()), int(capacity.get(rank, -1))))
-    return pd.DataFrame(rows, columns=["rank", "stage", "component", "peak", "baseline",
-                                       "activations", "reserved", "capacity"])
+    return pd.DataFrame(rows, columns=MEMORY_COLUMNS)
 
 
 def expected_in_flight(p: int, v: int = 1) -> list[float]:
