@@ -66,9 +66,10 @@ def test_hover_shows_the_op(gloo_page) -> None:
         const gd = document.querySelector('.plotly-graph-div');
         const i = gd._fullData.findIndex(t => t.mode === 'markers' && t.name === 'p2p');
         const t = gd._fullData[i], xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis;
+        const top = () => gd.getBoundingClientRect().top + ya._offset + ya.l2p(t.y[0]);
+        window.scrollBy(0, top() - window.innerHeight / 2);  // sections above push it down
         const box = gd.getBoundingClientRect();
-        return {x: box.left + xa._offset + xa.l2p(t.x[0]), y: box.top + ya._offset + ya.l2p(t.y[0]),
-                text: t.hovertext[0]};
+        return {x: box.left + xa._offset + xa.l2p(t.x[0]), y: top(), text: t.hovertext[0]};
     }""")
     page.mouse.move(point["x"], point["y"])
     page.wait_for_selector(".hoverlayer .hovertext")
