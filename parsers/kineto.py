@@ -51,6 +51,7 @@ class _Args(msgspec.Struct, frozen=True, gc=False):
     pg_ranks: Any = msgspec.field(default=None, name="Process Group Ranks")
     group_size: Any = msgspec.field(default=None, name="Group size")
     seq: Any = msgspec.field(default=None, name="Seq")
+    autograd_seq: Any = msgspec.field(default=None, name="Sequence number")  # not a comm seq
     dst: Any = msgspec.field(default=None, name="Dst Rank")
     src: Any = msgspec.field(default=None, name="Src Rank")
     nelems: Any = msgspec.field(default=None, name="In msg nelems")
@@ -334,8 +335,8 @@ def _cover(rows: np.ndarray, starts: np.ndarray, ends: np.ndarray, at: np.ndarra
 
 
 # --- the rank's columns ----------------------------------------------------------------------
-_PH, _CAT, _NAME, _TS, _DUR, _TID, _CORRELATION = map(attrgetter, (
-    "ph", "cat", "name", "ts", "dur", "tid", "args.correlation"))
+_PH, _CAT, _NAME, _TS, _DUR, _TID, _CORRELATION, _AUTOGRAD = map(attrgetter, (
+    "ph", "cat", "name", "ts", "dur", "tid", "args.correlation", "args.autograd_seq"))
 
 
 class _Rank:
@@ -355,6 +356,7 @@ class _Rank:
         self.dur = _ns(np.fromiter(map(_DUR, ev), np.float64, n))
         self.end = self.start + self.dur
         self.corr = _ints(list(map(_CORRELATION, ev)))
+        self.autograd = np.where(self.cat == CPU_OP, _ints(list(map(_AUTOGRAD, ev))), NO_INT)
         self.device = np.isin(self.cat, _DEVICE_CATS)
         self.thread = np.where(self.device, NO_INT, _ints(list(map(_TID, ev))))  # host tid
         self.kind = _CAT_KIND[self.cat]
@@ -906,6 +908,7 @@ def _table(r: _Rank, rank: int, names: dict[int, str], workers: np.ndarray) -> p
         "peer": r.peer, "seq": r.seq, "bytes": r.nbytes, "dtype": r.dtype,
         "src_rank": r.src_rank, "dst_rank": r.dst_rank,
         "correlation": r.corr, "event_id": r.event_id, "wait_on_stream": r.wait_on,
+        "autograd_seq": np.maximum(r.autograd, NO_INT),
         "task_type": _dictionary(r.cat, _CAT_NAMES), "step": step, "annotation": annotation,
     }, r.n)
 

@@ -72,6 +72,8 @@ EVENTS = pa.schema(
         ("task_type", pa.string()),  # raw task type / category from the source
         ("step", pa.int32()),  # ProfilerStep number the event falls in, NO_INT if none
         ("annotation", pa.string()),  # innermost user annotation (e.g. "FWD mb=3"), "" if none
+        ("autograd_seq", pa.int64()),  # autograd sequence number: a forward op's, and the same on
+        # the backward op it created (Kineto `Sequence number`), NO_INT if none
     ]
 )
 
