@@ -24,7 +24,7 @@ from parsers.base import GroupInfo
 from parsers.classify import double_hash
 from tracegraph.schema import COLLECTIVE, COMPUTE, MEMCPY, P2P, RECORD, WAIT
 from tracegraph.simulate import schedule as sch
-from tracegraph.simulate.timeline import TIMELINE_COLUMNS, StepSpan, Timeline
+from tracegraph.simulate.timeline import RANGE_COLUMNS, TIMELINE_COLUMNS, StepSpan, Timeline
 
 if TYPE_CHECKING:
     from tracegraph.simulate.scenarios import Scenario
@@ -571,6 +571,7 @@ class Job:
         timeline = Timeline(scenario=sc.name, params=params, ops=self._frame(),
                             groups=self.groups, steps=self._steps(), clock_offset_ns=self._clocks(),
                             compute_stream=sc.compute_stream, memory=self._memory())
+        timeline.ranges = framework_ranges(timeline.ops) if sc.annotate else None
         return timeline
 
     def _memory(self) -> pd.DataFrame | None:
@@ -618,6 +619,23 @@ class Job:
         strs = {col: [getattr(o, col) for o in ops] for col in STR_FIELDS}
         layers = np.array([self.layers[o.chunk] if o.chunk >= 0 else 1 for o in ops])
         return expand(ints, strs, [o.pattern for o in ops], layers, self.sc)
+
+
+def framework_ranges(ops: pd.DataFrame) -> pd.DataFrame:
+    """RANGE_COLUMNS: one range per forward / backward action (its input copy included): on
+    the host from the launch before its first one in the step to its last launch (the host
+    launches an op at the end of its call), on the device over its kernels."""
+    ops = ops.sort_values(["rank", "launch_ns"], kind="stable")
+    previous = ops.groupby(["rank", "step"])["launch_ns"].shift(1)
+    ops = ops.assign(after=previous.fillna(ops["launch_ns"] - 1).astype("int64") + 1,
+                     end_ns=ops["start_ns"] + ops["dur_ns"])
+    work = ops[(ops["microbatch"] >= 0) & ops["kind"].isin([COMPUTE, MEMCPY])]
+    work = work.assign(phase=work["phase"].where(work["kind"] == COMPUTE, sch.FWD))
+    spans = work.groupby(["rank", "step", "phase", "chunk", "microbatch"], as_index=False).agg(
+        host_start_ns=("after", "min"), host_end_ns=("launch_ns", "max"),
+        start_ns=("start_ns", "min"), end_ns=("end_ns", "max"))
+    return spans.sort_values(["rank", "start_ns"])[list(RANGE_COLUMNS)].astype(
+        RANGE_COLUMNS).reset_index(drop=True)
 
 
 # --- kernel names and the vectorized kernel expansion -----------------------------------------

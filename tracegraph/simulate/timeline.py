@@ -40,6 +40,17 @@ TIMELINE_COLUMNS = {
 }
 
 
+RANGE_COLUMNS = {
+    "rank": "int32",
+    "phase": "string",  # F | B: the framework names its range (forward_step, mstx "forward")
+    "host_start_ns": "int64",  # the range on the host: around the launches of its work
+    "host_end_ns": "int64",
+    "start_ns": "int64",  # the work it launched on the device (true clock)
+    "end_ns": "int64",
+}
+"""The ranges a framework opens around each forward and backward (scenario `annotate`): what
+its profiler shows, without microbatch or chunk, as real frameworks write them."""
+
 MEMORY_COLUMNS = {
     "rank": "int32",
     "time_ns": "int64",  # when the host allocated / released (true clock)
@@ -71,6 +82,7 @@ class Timeline:
     clock_offset_ns: dict[int, int]  # rank -> offset the rank's clock runs ahead of true time
     compute_stream: int = 47  # the main compute stream id
     memory: pd.DataFrame | None = None  # MEMORY_COLUMNS: the allocator's totals, None: unprofiled
+    ranges: pd.DataFrame | None = None  # RANGE_COLUMNS: the framework's ranges, None: none
     ground_truth: dict[str, object] = field(default_factory=dict)  # see ground_truth.json
 
     @property

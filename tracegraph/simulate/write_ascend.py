@@ -39,7 +39,8 @@ from tracegraph.simulate.timeline import StepSpan, Timeline
 
 INVALID = 4294967295  # msprof's "none" for Model Id / Subtask Id / dst rank
 NO_NOTIFY = "18446744073709551615"
-LAYER_CANN, LAYER_HARDWARE, LAYER_HCCL = 7, 13, 15  # msprof layer sort indexes (pid bits 5-9)
+LAYER_MSTX, LAYER_CANN, LAYER_HARDWARE, LAYER_HCCL = 1, 7, 13, 15  # msprof layer sort indexes
+MSTX_NAMES = {"F": "forward", "B": "backward"}  # MindSpeed's mstx messages (pp_chart reads them)
 COMM_KINDS = (COLLECTIVE, P2P)
 MESH_MAX = 8  # groups up to this size talk to every member (mesh), larger ones to ring neighbours
 LINK_BYTES_PER_NS = 20  # 20 GB/s: a nominal HCCS link, to date transfers when a peer is unprofiled
@@ -154,9 +155,9 @@ class _RankWriter:
         self.pid = 100_000 + (rank * 7919) % 4_000_000
         self.device = rank % 8
         self.main_tid, self.launch_tid = self.pid, self.pid + 5
-        self.hw_pid, self.cann_pid, self.hccl_pid = (
+        self.hw_pid, self.cann_pid, self.hccl_pid, self.mstx_pid = (
             (self.pid << 10) | (layer << 5) | self.device
-            for layer in (LAYER_HARDWARE, LAYER_CANN, LAYER_HCCL))
+            for layer in (LAYER_HARDWARE, LAYER_CANN, LAYER_HCCL, LAYER_MSTX))
         self.steps = job.steps.get(rank, [])
 
     @cached_property
@@ -298,8 +299,8 @@ class _RankWriter:
     # --- trace_view.json -------------------------------------------------------------------------
 
     def trace_view(self) -> list[bytes]:
-        return json_array([self._metadata(), self._framework(), self._cann(), self._hardware(),
-                           self._hccl(), self._flows()])
+        return json_array([self._metadata(), self._framework(), self._mstx(), self._cann(),
+                           self._hardware(), self._hccl(), self._flows()])
 
     def _metadata(self) -> list[bytes]:
         threads = [self.main_tid, self.launch_tid]
@@ -316,6 +317,9 @@ class _RankWriter:
              [(self.launch_tid, f"Thread {self.launch_tid}")]),
             (self.hccl_pid, "HCCL", "NPU", LAYER_HCCL, self._hccl_threads()),
         ]
+        if self.job.timeline.ranges is not None:
+            layers.append((self.mstx_pid, "python3", "CPU", LAYER_MSTX,
+                           [(self.main_tid, f"Thread {self.main_tid}")]))
         for pid, name, label, sort, named in layers:
             rows.append(_meta(pid, 0, "process_name", "name", name))
             rows += [_meta(pid, tid, "thread_name", "name", text) for tid, text in named]
@@ -343,6 +347,20 @@ class _RankWriter:
                         len(self.steps)),
                 *render(template, [json_strings(fwk["fwk_name"]), self.pid, self.launch_tid,
                                    *_times(fwk["fwk_ts"], fwk["fwk_dur"])], len(fwk))]
+
+    def _mstx(self) -> list[bytes]:
+        """The framework's mstx range around the launches of each forward and backward
+        (`mstx.range_start("forward")` without a stream: host side only), in the mstx layer."""
+        ranges = self.job.timeline.ranges
+        if ranges is None:
+            return []
+        mine = ranges[ranges["rank"] == self.rank]
+        start = mine["host_start_ns"].to_numpy(np.int64) + self.shift
+        end = mine["host_end_ns"].to_numpy(np.int64) + self.shift
+        return render('{"ph":"X","name":%s,"pid":%d,"tid":%d,"ts":"%d.%03d","dur":%d.%03d,'
+                      '"cat":"mstx","args":{}}',
+                      [json_strings(mine["phase"].map(MSTX_NAMES)), self.mstx_pid, self.main_tid,
+                       *_times(start, end - start)], len(mine))
 
     @cached_property
     def _fwk_ops(self) -> pd.DataFrame:
