@@ -167,7 +167,8 @@ def cause_label(name: str) -> str:
 def _overview(analysis, steps: list[int], pipeline) -> str:
     ranks = analysis.trace.rank_ids
     shown = ", ".join(str(s) for s in steps) if steps != [-1] else "whole trace"
-    source = f"; pipeline from {pipeline.source}" if pipeline is not None else ""
+    source = "" if pipeline is None else (f"; pipeline from {pipeline.source}" if len(
+        pipeline.blocks) else f"; pipeline ({pipeline.source}) not drawn: {pipeline.reason}")
     offsets = sorted(analysis.offsets.items())
     clocks = ", ".join(f"r{r} {ns / 1e3:+.1f}" for r, ns in offsets[:MAX_OFFSETS_SHOWN])
     clocks += " …" if len(offsets) > MAX_OFFSETS_SHOWN else ""

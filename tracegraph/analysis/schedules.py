@@ -1,9 +1,13 @@
-"""Pipeline schedules as ordered actions per stage: Megatron's (interleaved) 1F1B, and how the
-actions of a stage fall into the blocks a trace shows (split only where a P2P message is received
-before an action or sent after one).
+"""Pipeline schedules: Megatron's (interleaved) 1F1B as ordered actions per stage.
 
-Chunks are global virtual stages: chunk `c = k * p + s` is the k-th model chunk of stage `s`
-(Megatron / hyper-parallel numbering).
+Every stage runs its forwards in one order and its backwards in the same order with the model
+chunks reversed: microbatches go in groups of p (Megatron's `microbatch_group_size_per_vp_stage`
+default), each group through chunk 0, then chunk 1, ... (`order`). The schedule only decides how
+the forwards and backwards interleave (`actions`): that is what the simulator runs, and what
+the analysis relies on when it numbers the blocks of a trace in order.
+
+Chunks are global virtual stages here: chunk `c = k * p + s` is the k-th model chunk of stage
+`s` (Megatron / hyper-parallel numbering).
 """
 
 from __future__ import annotations
@@ -21,6 +25,13 @@ class Action(NamedTuple):
     microbatch: int
 
 
+def order(p: int, v: int, m: int) -> list[tuple[int, int]]:
+    """(model chunk of the stage, microbatch) of a stage's forwards in run order; its backwards
+    run the same list with the chunks reversed (v − 1 − chunk)."""
+    return [(k, mb) for first in range(0, m, p) for k in range(v)
+            for mb in range(first, min(first + p, m))]
+
+
 def actions(p: int, v: int, m: int, stage: int, extra_warmup: int = 0) -> list[Action]:
     """Megatron's (interleaved) 1F1B order for `stage`; `extra_warmup` shifts the steady pairs."""
     if v > 1 and m % p:
@@ -28,37 +39,13 @@ def actions(p: int, v: int, m: int, stage: int, extra_warmup: int = 0) -> list[A
     total = m * v
     base = (p - stage - 1) * 2 + (v - 1) * p if v > 1 else p - stage - 1
     warmup = min(base + extra_warmup, total)
+    runs = order(p, v, m)
 
     def pick(k: int, phase: str) -> Action:
-        local = (k % (p * v)) // p
-        local = local if phase == FWD else v - 1 - local
-        return Action(phase, local * p + stage, (k // (p * v)) * p + k % p)
+        local, mb = runs[k]
+        return Action(phase, (local if phase == FWD else v - 1 - local) * p + stage, mb)
 
     seq = [pick(k, FWD) for k in range(warmup)]
     for i in range(total - warmup):
         seq += [pick(warmup + i, FWD), pick(i, BWD)]
     return seq + [pick(k, BWD) for k in range(max(total - warmup, 0), total)]
-
-
-def receives(act: Action, chunks: int) -> bool:
-    """Whether `act` needs a message from a neighbour chunk (another stage when p > 1)."""
-    return act.chunk > 0 if act.phase == FWD else act.chunk < chunks - 1
-
-
-def sends(act: Action, chunks: int) -> bool:
-    """Whether `act` sends a message to a neighbour chunk."""
-    return act.chunk < chunks - 1 if act.phase == FWD else act.chunk > 0
-
-
-def segments(p: int, v: int, m: int, stage: int, extra_warmup: int = 0
-             ) -> list[tuple[Action, ...]]:
-    """The stage's actions grouped as a trace separates them: a new block where an action
-    receives, or the one before it sent."""
-    out: list[list[Action]] = []
-    sent = True
-    for act in actions(p, v, m, stage, extra_warmup):
-        if sent or receives(act, p * v):
-            out.append([])
-        out[-1].append(act)
-        sent = sends(act, p * v)
-    return [tuple(seg) for seg in out]

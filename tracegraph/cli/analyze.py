@@ -33,6 +33,7 @@ def analyze_command(
 ) -> None:
     """Read every rank's profile, then explain each step's bubbles down to their root causes."""
     from reports.findings import print_findings
+    from reports.pipeline import pipeline_lines
     from reports.terminal import print_analysis
     from tracegraph.analysis.analyze import analyze as run_analysis
     from tracegraph.analysis.findings import find_all
@@ -47,8 +48,9 @@ def analyze_command(
     summary = inventory(trace)
     if analysis is not None:
         _check_step(bundle, analysis, step)
-        findings = find_all(analysis, recover(analysis))
-        summary |= summarize(analysis, step=step, top=top, findings=findings)
+        pipeline = recover(analysis)
+        summary |= summarize(analysis, step=step, top=top, findings=find_all(analysis, pipeline),
+                             pipeline=pipeline)
         summary["warnings"] = trace.warnings + analysis.warnings
     if as_json:
         print(json.dumps(summary, indent=2))
@@ -59,6 +61,8 @@ def analyze_command(
             warn(warning)
         print_analysis(out, summary, analysis)
         print_findings(out, summary["findings"])
+        for line in pipeline_lines(summary.get("pipeline")):
+            out.print(line, highlight=False, markup=False)
 
 
 def _check_step(bundle: Path, analysis: Analysis, step: int | None) -> None:
