@@ -22,7 +22,7 @@ import pandas as pd
 from tracegraph import schema
 from tracegraph.analysis.pipeline.blocks import WORK_KINDS, B, F, Pipeline, W, staged
 from tracegraph.analysis.pipeline.labels import labelled
-from tracegraph.analysis.pipeline.replicas import members
+from tracegraph.analysis.pipeline.replicas import layout
 
 _PHASES = {"fwd": F, "forward": F, "bwd": B, "backward": B, "wgt": W, "weight": W}
 RANGE = re.compile(
@@ -48,7 +48,8 @@ def from_annotations(analysis) -> Pipeline | None:
 def _ranges(analysis) -> pd.DataFrame:
     """The phase ranges: device ones where a rank has them, else its host ones."""
     events = analysis.trace.events
-    markers = events[events["kind"] == schema.MARKER]
+    markers = events.loc[(events["kind"] == schema.MARKER).to_numpy(),
+                         ["rank", "name", "lane_kind", "start_ns", "dur_ns", "step"]]
     parsed = markers["name"].str.extract(RANGE)
     found = parsed["phase"].notna().to_numpy()
     ranges = markers[found].assign(phase=parsed.loc[found, "phase"].str.lower().map(_PHASES),
@@ -97,9 +98,7 @@ def _launched(analysis, rank: int, lo: np.ndarray, hi: np.ndarray
 def _numbered(analysis, blocks: pd.DataFrame, depth: dict[int, int]) -> Pipeline:
     """Ranges without numbers, numbered by their order per replica (`labels`)."""
     ranks = sorted(int(r) for r in blocks["rank"].unique())
-    replicas = [sorted(stages, key=lambda r: (depth.get(r, 0), r))
-                for stages in members(analysis.trace, ranks).values()]
-    return labelled(analysis, blocks, replicas, "annotations")
+    return labelled(analysis, blocks, layout(analysis.trace, ranks, depth), "annotations")
 
 
 def _flow_depth(events: pd.DataFrame) -> dict[int, int]:

@@ -16,6 +16,8 @@ and `closing` whether a boundary that starts / ends work is next to it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 
@@ -24,40 +26,59 @@ from tracegraph.analysis.pipeline.blocks import FB, WORK_KINDS, B, F
 
 _P2P_COMMS = tuple(schema.P2P_COMMS)
 _BOUNDARY_KINDS = (schema.P2P, schema.COLLECTIVE, schema.WAIT, schema.RECORD)
-WORK_COLUMNS = ["rank", "step", "op", "name", "autograd", "start", "end", "cut", "evidence",
+WORK_COLUMNS = ["rank", "step", "op", "name_id", "autograd", "start", "end", "cut", "evidence",
                 "opened", "closing"]
+
+
+@dataclass(frozen=True)
+class _Columns:
+    """The ops' columns `_lane` reads, taken out of the frame once (Arrow strings are slow to
+    take from): names as codes."""
+
+    kind: np.ndarray
+    comm: np.ndarray
+    step: np.ndarray
+    name_id: np.ndarray
+    autograd: np.ndarray
+    position: np.ndarray  # where a boundary op takes effect (`_position`)
+    unknown_wait: np.ndarray  # a stream wait whose producer is unknown
 
 
 def lane_work(analysis, upstream: np.ndarray) -> pd.DataFrame:
     """WORK_COLUMNS for the main-lane work of every rank; `upstream`: per op, whether its P2P
     peer is an earlier stage."""
+    frame = analysis.ops.frame
+    kind = frame["kind"].to_numpy()
+    cols = _Columns(kind, frame["comm"].to_numpy(), frame["step"].to_numpy(),
+                    pd.factorize(frame["name"])[0], frame["autograd_seq"].to_numpy(),
+                    _position(analysis), (kind == schema.WAIT) & (analysis.matches.dep < 0))
     after, before = _evidence(analysis, upstream)
-    lane_ids = analysis.ops.frame["lane_id"].to_numpy()
-    parts = [_lane(analysis, np.flatnonzero(lane_ids == lane_id), after, before).assign(rank=rank)
-             for rank, lane_id in analysis.ops.main_lanes().items()]
+    lane_ids = frame["lane_id"].to_numpy()
+    parts = [_lane(analysis, cols, np.flatnonzero(lane_ids == lane), after, before
+                   ).assign(rank=rank) for rank, lane in analysis.ops.main_lanes().items()]
     parts = [p for p in parts if len(p)]
     return pd.concat(parts, ignore_index=True)[WORK_COLUMNS] if parts else pd.DataFrame(
         columns=WORK_COLUMNS)
 
 
-def _lane(analysis, idx: np.ndarray, after: np.ndarray, before: np.ndarray) -> pd.DataFrame:
+def _lane(analysis, cols: _Columns, idx: np.ndarray, after: np.ndarray, before: np.ndarray
+          ) -> pd.DataFrame:
     """One lane's work ops with their boundaries (see the module docstring)."""
-    frame, start, end = analysis.ops.frame, analysis.start, analysis.end
-    kind, comm = frame["kind"].to_numpy()[idx], frame["comm"].to_numpy()[idx]
+    start, end = analysis.start, analysis.end
+    kind, comm = cols.kind[idx], cols.comm[idx]
     edge = np.isin(kind, _BOUNDARY_KINDS) | ((comm != "") & ~np.isin(comm, _P2P_COMMS))
     work = np.isin(kind, WORK_KINDS) & (comm == "")  # a blocking c10d::recv_ call is no work
     closer = work & (before[idx] != "")
-    times = np.concatenate([_position(analysis, idx[edge]), end[idx[closer]]])
+    times = np.concatenate([cols.position[idx[edge]], end[idx[closer]]])
     if not work.any() or not len(times):
         return pd.DataFrame()
     order = np.argsort(times, kind="stable")
     times, op = times[order], np.concatenate([idx[edge], idx[closer]])[order]
     is_edge = np.concatenate([np.ones(edge.sum(), bool), np.zeros(closer.sum(), bool)])[order]
-    opens, closes = np.where(is_edge, after[op], "") != "", before[op] != ""
-    opens |= is_edge & (frame["kind"].to_numpy()[op] == schema.WAIT) & (
-        analysis.matches.dep[op] < 0)
-    ops = idx[work]
-    steps = frame["step"].to_numpy()
+    says_after = np.where(is_edge, after[op], "")
+    opens = (says_after != "") | (is_edge & cols.unknown_wait[op])
+    closes = before[op] != ""
+    ops, steps = idx[work], cols.step
     seg = np.searchsorted(times, start[ops], side="right")  # boundaries before each op
     prev, nxt = np.maximum(seg - 1, 0), np.minimum(seg, len(times) - 1)
     has_prev = (seg > 0) & (steps[op[prev]] == steps[ops])
@@ -65,16 +86,16 @@ def _lane(analysis, idx: np.ndarray, after: np.ndarray, before: np.ndarray) -> p
     marked = np.flatnonzero(opens | closes)
     last = np.searchsorted(marked, seg, "left") - 1  # the P2P boundary before each op ...
     first = np.searchsorted(marked, seg, "left")  # ... and after it
+    before_op = marked[np.maximum(last, 0)]
+    after_op = marked[np.minimum(first, len(marked) - 1)] if len(marked) else first
     return pd.DataFrame({
-        "step": steps[ops], "op": ops, "name": frame["name"].to_numpy()[ops],
-        "autograd": frame["autograd_seq"].to_numpy()[ops],
-        "start": start[ops], "end": end[ops], "cut": last + 1,
-        "evidence": _phase(np.where(has_prev, np.where(is_edge, after[op], "")[prev], ""),
+        "step": steps[ops], "op": ops, "name_id": cols.name_id[ops],
+        "autograd": cols.autograd[ops], "start": start[ops], "end": end[ops], "cut": last + 1,
+        "evidence": _phase(np.where(has_prev, says_after[prev], ""),
                            np.where(has_next, before[op][nxt], "")),
-        "opened": (last >= 0) & opens[marked[np.maximum(last, 0)]] & (
-            steps[op[marked[np.maximum(last, 0)]]] == steps[ops]),
-        "closing": (first < len(marked)) & closes[marked[np.minimum(first, len(marked) - 1)]] & (
-            steps[op[marked[np.minimum(first, len(marked) - 1)]]] == steps[ops])})
+        "opened": (last >= 0) & opens[before_op] & (steps[op[before_op]] == steps[ops]),
+        "closing": (first < len(marked)) & closes[after_op] & (
+            steps[op[after_op]] == steps[ops])})
 
 
 def _phase(from_prev: np.ndarray, from_next: np.ndarray) -> np.ndarray:
@@ -83,14 +104,15 @@ def _phase(from_prev: np.ndarray, from_next: np.ndarray) -> np.ndarray:
     return np.where(both, FB, np.where(from_prev != "", from_prev, from_next))
 
 
-def _position(analysis, ops: np.ndarray) -> np.ndarray:
-    """Where each boundary op takes effect among its lane's work: a stream wait stamped when it
-    was enqueued (Kineto) right before the op it gates, any other op at _effective."""
+def _position(analysis) -> np.ndarray:
+    """Where each op takes effect among its lane's work as a boundary: a stream wait stamped
+    when it was enqueued (Kineto) right before the op it gates, any other op at _effective."""
     gated = np.full(len(analysis.ops), -1, dtype=np.int64)
     for op, waits in analysis.matches.gates.items():
         gated[waits] = op
-    g = gated[ops]
-    return np.where(g >= 0, analysis.start[np.maximum(g, 0)], _effective(analysis, ops))
+    every = np.arange(len(analysis.ops))
+    return np.where(gated >= 0, analysis.start[np.maximum(gated, 0)],
+                    _effective(analysis, every))
 
 
 def _effective(analysis, ops: np.ndarray) -> np.ndarray:

@@ -19,27 +19,27 @@ import numpy as np
 import pandas as pd
 
 from tracegraph.analysis.pipeline.blocks import B, F, Pipeline, staged, unsure
-from tracegraph.analysis.pipeline.replicas import wraps
+from tracegraph.analysis.pipeline.replicas import Replica
 from tracegraph.analysis.schedules import order
 
 SLACK = 0.25  # a block may start this share of the median forward before what it needs ended
 
 
-def labelled(analysis, blocks: pd.DataFrame, replicas: list[list[int]], source: str,
+def labelled(analysis, blocks: pd.DataFrame, replicas: list[Replica], source: str,
              link: pd.Series | None = None) -> Pipeline:
-    """The Pipeline of `blocks` (rank, step, phase, start, end), each replica (its ranks in stage
-    order) labelled on its own; one that does not fit is left out, and the pipeline says why."""
+    """The Pipeline of `blocks` (rank, step, phase, start, end), each replica labelled on its
+    own; one that does not fit is left out, and the pipeline says why."""
     found, reasons = [], []
-    for stages in replicas:
-        mine, why = label(blocks[blocks["rank"].isin(stages)], stages,
-                          wraps(analysis.trace, stages), link)
+    for replica in replicas:
+        mine, why = label(blocks[blocks["rank"].isin(replica.stages)], replica.stages,
+                          replica.ring, link)
         found += [mine] if mine is not None else []
         reasons += [why] if why else []
     reason = reasons[0] + (f" (and {len(reasons) - 1} more replicas alike)"
                            if len(reasons) > 1 else "") if reasons else ""
     if not found:
         return unsure(source, reason)
-    order = {r: s for stages in replicas for s, r in enumerate(stages)}
+    order = {r: s for replica in replicas for s, r in enumerate(replica.stages)}
     return staged(analysis, pd.concat(found, ignore_index=True).drop(columns="ops",
                                                                       errors="ignore"),
                   source, order, reason)

@@ -4,11 +4,11 @@ Where P2P messages say which phase some work is (`boundaries.lane_work`), the na
 are counted: a name in most forward stretches and few backward ones marks forward work
 (`flash_fwd`, `RmsNorm`), and the other way round (`*Grad`, `MmBackward0`); names in both say
 nothing. Names that never recur within a step (the optimizer's, a one-off copy) are no
-pipeline work. Each rank's ops of a step then get the likeliest sequence of phases (a Viterbi
-path over forward / backward / other, switching cheaply at P2P boundaries and dearly
-elsewhere), and its blocks are the runs of one phase between P2P boundaries: where no message
-separates a forward from a backward (the last stage's loss and its backward, a combined 1F1B
-pair), the names split them.
+pipeline work. The ops of each stretch between P2P boundaries then get the likeliest sequence
+of phases (forward / backward / other, each change costly), and the blocks are its runs of one
+phase: where no message separates a forward from a backward (the last stage's loss and its
+backward, the first stage's last backward of a chunk and its next forward), the names split
+them.
 """
 
 from __future__ import annotations
@@ -24,49 +24,76 @@ SMOOTH = 0.05  # added to each share so that a name seen in one phase only score
 CLIP = 3.0  # strongest score of a single name
 SHARED = 1.0  # |score| below this: a name of both phases
 MISFIT = 1.0  # score of a pipeline name as "other", or of a foreign name as F or B
-SWITCH, SWITCH_AT_P2P = 4.0, 0.5  # cost of changing phase between two ops
+SWITCH = 4.0  # cost of changing phase between two ops with no P2P boundary between them
+MAX_SWITCHES = 3  # within one stretch: other, forward, backward, other at most
 EVIDENCE = 0.5  # weight of what the nearest P2P boundaries say, beside the names
 
 
 def name_scores(work: pd.DataFrame) -> pd.Series:
-    """name -> log odds of forward over backward among the stretches P2P evidence labels
+    """name_id -> log odds of forward over backward among the stretches P2P evidence labels
     (share of forward stretches holding the name vs of backward ones); NaN for names that
     never occur in two stretches of one rank and step."""
     labelled = work[work["evidence"].isin([F, B])]
-    stretch = ["rank", "step", "segment"]
-    labelled = labelled.assign(segment=labelled["cut"].astype(str) + labelled["evidence"])
-    present = labelled.drop_duplicates([*stretch, "name"])
-    counts = present.groupby(["name", "evidence"]).size().unstack(fill_value=0).reindex(
+    stretch = ["rank", "step", "cut", "evidence"]
+    present = labelled.drop_duplicates([*stretch, "name_id"])
+    counts = present.groupby(["name_id", "evidence"]).size().unstack(fill_value=0).reindex(
         columns=[F, B], fill_value=0)
     stretches = labelled.drop_duplicates(stretch)["evidence"].value_counts()
     share = counts / np.maximum(stretches.reindex([F, B], fill_value=0).to_numpy(), 1)
     score = np.log((share[F] + SMOOTH) / (share[B] + SMOOTH)).clip(-CLIP, CLIP)
-    recurring = present.groupby(["name", "rank", "step"]).size().groupby("name").max() >= 2
+    recurring = present.groupby(["name_id", "rank", "step"]).size().groupby("name_id").max() >= 2
     return score.where(recurring.reindex(score.index, fill_value=False))
 
 
-def phase_path(work: pd.DataFrame, scores: pd.Series) -> np.ndarray:
-    """The likeliest phase (F, B or O) of each op of one rank's step (ops in time order)."""
-    emit = _emissions(work, scores)
+def phase_path(work: pd.DataFrame) -> np.ndarray:
+    """The likeliest phase (F, B or O) of each op of one rank's step (ops in time order, each
+    with its name's `score`), each stretch between P2P boundaries on its own."""
+    emit = _emissions(work)
     cut = work["cut"].to_numpy()
-    switch = np.where(np.diff(cut, prepend=cut[:1]) != 0, SWITCH_AT_P2P, SWITCH)
-    total = emit[0].copy()
-    back = np.zeros(emit.shape, dtype=np.int8)
-    change = 1 - np.eye(len(STATES))
-    for i in range(1, len(emit)):
-        moves = total[:, None] - switch[i] * change  # [from, to]
-        back[i] = moves.argmax(axis=0)
-        total = moves.max(axis=0) + emit[i]
-    path = np.zeros(len(emit), dtype=np.int8)
-    path[-1] = total.argmax()
-    for i in range(len(emit) - 1, 0, -1):
-        path[i - 1] = back[i, path[i]]
+    path = np.empty(len(work), dtype=np.int8)
+    bounds = np.flatnonzero(np.diff(cut)) + 1
+    for lo, hi in zip(np.r_[0, bounds], np.r_[bounds, len(cut)], strict=True):
+        path[lo:hi] = _best_path(emit[lo:hi])
     return STATES[path]
 
 
-def _emissions(work: pd.DataFrame, scores: pd.Series) -> np.ndarray:
+def _best_path(emit: np.ndarray) -> np.ndarray:
+    """State indices of one stretch maximizing its emissions less SWITCH per change, with at
+    most MAX_SWITCHES changes: exact dynamic programming over the number of changes, each
+    level vectorized over positions (the best place to switch into a state is a running max)."""
+    n, states = emit.shape
+    total = np.vstack([np.zeros(states), np.cumsum(emit, axis=0)])  # total[i]: ops before i
+    best, levels = total, []  # best[i, t]: the ops before i, the last in state t
+    diagonal = np.arange(states)
+    for _ in range(MAX_SWITCHES):
+        enter = best[:, :, None] - total[:, None, :] - SWITCH  # [i, from, to]: switch at i
+        enter[:, diagonal, diagonal] = -np.inf
+        source, value = enter.argmax(axis=1), enter.max(axis=1)
+        at = _running_argmax(value)
+        switched = total + np.take_along_axis(value, at, axis=0)
+        levels.append((at, source, switched > best))
+        best = np.maximum(best, switched)
+    state, i = int(best[n].argmax()), n
+    path = np.empty(n, dtype=np.int8)
+    for at, source, took in reversed(levels):
+        if took[i, state]:
+            j = int(at[i, state])
+            path[j:i] = state
+            state, i = int(source[j, state]), j
+    path[:i] = state
+    return path
+
+
+def _running_argmax(values: np.ndarray) -> np.ndarray:
+    """Per column, the row of the largest value so far (the latest on ties)."""
+    rows = np.arange(len(values))[:, None]
+    hit = values == np.maximum.accumulate(values, axis=0)
+    return np.maximum.accumulate(np.where(hit, rows, 0), axis=0)
+
+
+def _emissions(work: pd.DataFrame) -> np.ndarray:
     """Per op, the score of F, B and O: its name's, plus a little for what P2P says."""
-    score = work["name"].map(scores).to_numpy(dtype=float)
+    score = work["score"].to_numpy(dtype=float)
     pipeline = ~np.isnan(score)
     score = np.nan_to_num(score) / 2
     said = work["evidence"].to_numpy()
@@ -77,13 +104,13 @@ def _emissions(work: pd.DataFrame, scores: pd.Series) -> np.ndarray:
     return emit
 
 
-def blocks(work: pd.DataFrame, scores: pd.Series) -> pd.DataFrame:
-    """One rank's step: step, phase, start, end, ops (op indices) of its forward and backward
-    blocks. A block must start at a boundary that starts work or end at one that ends it; at
-    an end that neither such a boundary nor a kept neighbour marks it loses the ops that are
-    not typical of its phase."""
+def blocks(work: pd.DataFrame) -> pd.DataFrame:
+    """One rank's step (its ops with their names' `score`): step, phase, start, end, ops (op
+    indices) of its forward and backward blocks. A block must start at a boundary that starts
+    work or end at one that ends it; at an end that neither such a boundary nor a kept
+    neighbour marks it loses the ops that are not typical of its phase."""
     work = work.sort_values("start", kind="stable").reset_index(drop=True)
-    work = work.assign(phase=phase_path(work, scores), score=work["name"].map(scores))
+    work = work.assign(phase=phase_path(work))
     runs = _runs(work)
     out = []
     for run in runs[runs["kept"]].itertuples():

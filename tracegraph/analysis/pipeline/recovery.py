@@ -16,7 +16,7 @@ from tracegraph.analysis.pipeline import phases
 from tracegraph.analysis.pipeline.blocks import Pipeline, unsure
 from tracegraph.analysis.pipeline.boundaries import lane_work
 from tracegraph.analysis.pipeline.labels import autograd_links, labelled
-from tracegraph.analysis.pipeline.replicas import members, wraps
+from tracegraph.analysis.pipeline.replicas import Replica, layout
 
 SOURCE = "op order"
 
@@ -26,10 +26,8 @@ def from_op_order(analysis) -> Pipeline | None:
     frame = analysis.ops.frame
     if not ((frame["kind"] == schema.P2P) & (frame["peer"] >= 0)).any():
         return None
-    replicas = [r for r in members(analysis.trace, analysis.trace.rank_ids).values()
-                if len(r) > 1]
-    rings = [wraps(analysis.trace, stages) for stages in replicas]
-    work = lane_work(analysis, _upstream(analysis, replicas, rings))
+    replicas = layout(analysis.trace, analysis.trace.rank_ids)
+    work = lane_work(analysis, _upstream(analysis, replicas))
     if work.empty:
         return unsure(SOURCE, "no compute on the main lanes between P2P ops")
     blocks = _blocks(work)
@@ -39,22 +37,23 @@ def from_op_order(analysis) -> Pipeline | None:
 
 def _blocks(work: pd.DataFrame) -> pd.DataFrame:
     """rank, step, phase, start, end, ops of every rank's forward and backward blocks."""
-    scores = phases.name_scores(work)
-    parts = [phases.blocks(ops, scores).assign(rank=rank)
+    work = work.assign(score=work["name_id"].map(phases.name_scores(work)))
+    parts = [phases.blocks(ops).assign(rank=rank)
              for (rank, _), ops in work.groupby(["rank", "step"], sort=False)]
     parts = [p for p in parts if len(p)]
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(
         columns=["rank", "step", "phase", "start", "end", "ops"])
 
 
-def _upstream(analysis, replicas: list[list[int]], rings: list[bool]) -> np.ndarray:
+def _upstream(analysis, replicas: list[Replica]) -> np.ndarray:
     """Per op: its P2P peer is upstream (an earlier stage) of its rank. Stages follow rank
     order within a replica; on a ring (interleaved stages) the upstream peer is the previous
     rank, wrapping from the first to the last."""
     frame = analysis.ops.frame
     earlier = set()
-    for stages, ring in zip(replicas, rings, strict=True):
+    for replica in replicas:
+        stages = replica.stages
         for i, r in enumerate(stages):
-            earlier |= {(r, stages[i - 1])} if ring else {(r, q) for q in stages[:i]}
+            earlier |= {(r, stages[i - 1])} if replica.ring else {(r, q) for q in stages[:i]}
     pairs = pd.MultiIndex.from_arrays([frame["rank"], frame["peer"]])
     return pairs.isin(list(earlier)) if earlier else np.zeros(len(frame), dtype=bool)

@@ -4,6 +4,7 @@ order, and whether one wraps around from its last stage to its first (interleave
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 
 from tracegraph import schema
 
@@ -17,7 +18,17 @@ def linked(trace) -> set[tuple[int, int]]:
     return {(int(a), int(b)) for a, b in pairs.drop_duplicates().itertuples(index=False)}
 
 
-def replicas(trace, ranks: list[int]) -> dict[int, int]:
+@dataclass(frozen=True)
+class Replica:
+    """One pipeline replica: its ranks, stage 0 first, and whether its last stage sends to its
+    first (the ring of interleaved stages, where the last stage feeds the next chunk)."""
+
+    stages: list[int]
+    ring: bool
+
+
+def replicas(trace, ranks: list[int], pairs: set[tuple[int, int]] | None = None
+             ) -> dict[int, int]:
     """rank -> replica number: components of P2P peers and `pp` groups, by smallest member."""
     parent = {r: r for r in ranks}
 
@@ -26,7 +37,7 @@ def replicas(trace, ranks: list[int]) -> dict[int, int]:
             r = parent[r]
         return r
 
-    links = list(linked(trace))
+    links = list(linked(trace) if pairs is None else pairs)
     for members in trace.groups.loc[trace.groups["dim"] == "pp", "ranks"]:
         links += [(int(members[0]), int(m)) for m in members[1:]]
     for a, b in links:
@@ -38,20 +49,17 @@ def replicas(trace, ranks: list[int]) -> dict[int, int]:
     return {r: number[root] for r, root in roots.items()}
 
 
-def members(trace, ranks: list[int]) -> dict[int, list[int]]:
-    """Replica -> its ranks (among `ranks`) in rank order: stage 0 first."""
-    found = replicas(trace, ranks)
-    out: dict[int, list[int]] = {}
-    for r in sorted(found):
-        out.setdefault(found[r], []).append(r)
-    return out
-
-
-def wraps(trace, ranks: list[int]) -> bool:
-    """Whether 3+ ranks of one replica send between their last and first stage: the ring of
-    interleaved (VPP) stages, where the last stage feeds the first stage's next chunk."""
+def layout(trace, ranks: list[int], order: dict[int, int] | None = None) -> list[Replica]:
+    """The replicas of 2+ ranks among `ranks`, stages by `order` then rank (the usual layout
+    numbers stages in rank order)."""
     pairs = linked(trace)
-    return len(ranks) > 2 and bool({(ranks[0], ranks[-1]), (ranks[-1], ranks[0])} & pairs)
+    found = replicas(trace, ranks, pairs)
+    grouped: dict[int, list[int]] = {}
+    for r in sorted(found, key=lambda r: ((order or {}).get(r, 0), r)):
+        grouped.setdefault(found[r], []).append(r)
+    return [Replica(stages, len(stages) > 2 and bool(
+        {(stages[0], stages[-1]), (stages[-1], stages[0])} & pairs))
+        for stages in grouped.values() if len(stages) > 1]
 
 
 def rank_stages(trace) -> dict[int, int]:
