@@ -8,10 +8,11 @@ wait whose producer is unknown (a non-blocking Ascend EVENT_WAIT) may be a recei
 work too, though it says nothing of its phase.
 
 `lane_work` lists every rank's main-lane work with these marks (and each op's autograd sequence
-number, `autograd`, where the profiler records one): `cut` counts the P2P boundaries
-before an op (work between two of them is at most a forward and a backward, one after the
-other), `evidence` is the phase its nearest boundaries say (for learning op names), `opened`
-and `closing` whether a boundary that starts / ends work is next to it.
+number, `autograd`, where the profiler records one): `cut` counts the P2P boundaries before an
+op (work between two of them is at most a forward and a backward, one after the other; other
+boundaries, a collective or its wait, do not cut it), `evidence` is the phase the P2P boundaries
+on either side say (F+B when they disagree), `opened` and `closing` whether the one before
+starts work and the one after ends it.
 """
 
 from __future__ import annotations
@@ -44,13 +45,13 @@ class _Columns:
     unknown_wait: np.ndarray  # a stream wait whose producer is unknown
 
 
-def lane_work(analysis, upstream: np.ndarray) -> pd.DataFrame:
+def lane_work(analysis, upstream: np.ndarray, name_ids: np.ndarray) -> pd.DataFrame:
     """WORK_COLUMNS for the main-lane work of every rank; `upstream`: per op, whether its P2P
-    peer is an earlier stage."""
+    peer is an earlier stage; `name_ids`: its name's code (`names`)."""
     frame = analysis.ops.frame
     kind = frame["kind"].to_numpy()
     cols = _Columns(kind, frame["comm"].to_numpy(), frame["step"].to_numpy(),
-                    pd.factorize(frame["name"])[0], frame["autograd_seq"].to_numpy(),
+                    name_ids, frame["autograd_seq"].to_numpy(),
                     _position(analysis), (kind == schema.WAIT) & (analysis.matches.dep < 0))
     after, before = _evidence(analysis, upstream)
     lane_ids = frame["lane_id"].to_numpy()
@@ -61,12 +62,18 @@ def lane_work(analysis, upstream: np.ndarray) -> pd.DataFrame:
         columns=WORK_COLUMNS)
 
 
+def names(analysis) -> tuple[np.ndarray, pd.Index]:
+    """Each op's name as a code, and the names by code."""
+    codes, uniques = pd.factorize(analysis.ops.frame["name"])
+    return codes, pd.Index(uniques)
+
+
 def _lane(analysis, cols: _Columns, idx: np.ndarray, after: np.ndarray, before: np.ndarray
           ) -> pd.DataFrame:
     """One lane's work ops with their boundaries (see the module docstring)."""
     start, end = analysis.start, analysis.end
     kind, comm = cols.kind[idx], cols.comm[idx]
-    edge = np.isin(kind, _BOUNDARY_KINDS) | ((comm != "") & ~np.isin(comm, _P2P_COMMS))
+    edge = np.isin(kind, _BOUNDARY_KINDS) | (comm != "")  # a host lane's c10d calls too
     work = np.isin(kind, WORK_KINDS) & (comm == "")  # a blocking c10d::recv_ call is no work
     closer = work & (before[idx] != "")
     times = np.concatenate([cols.position[idx[edge]], end[idx[closer]]])
@@ -80,22 +87,20 @@ def _lane(analysis, cols: _Columns, idx: np.ndarray, after: np.ndarray, before: 
     closes = before[op] != ""
     ops, steps = idx[work], cols.step
     seg = np.searchsorted(times, start[ops], side="right")  # boundaries before each op
-    prev, nxt = np.maximum(seg - 1, 0), np.minimum(seg, len(times) - 1)
-    has_prev = (seg > 0) & (steps[op[prev]] == steps[ops])
-    has_next = (seg < len(times)) & (steps[op[nxt]] == steps[ops])
     marked = np.flatnonzero(opens | closes)
+    if not len(marked):
+        return pd.DataFrame()
     last = np.searchsorted(marked, seg, "left") - 1  # the P2P boundary before each op ...
     first = np.searchsorted(marked, seg, "left")  # ... and after it
-    before_op = marked[np.maximum(last, 0)]
-    after_op = marked[np.minimum(first, len(marked) - 1)] if len(marked) else first
+    prev, nxt = marked[np.maximum(last, 0)], marked[np.minimum(first, len(marked) - 1)]
+    has_prev = (last >= 0) & (steps[op[prev]] == steps[ops])
+    has_next = (first < len(marked)) & (steps[op[nxt]] == steps[ops])
     return pd.DataFrame({
         "step": steps[ops], "op": ops, "name_id": cols.name_id[ops],
         "autograd": cols.autograd[ops], "start": start[ops], "end": end[ops], "cut": last + 1,
         "evidence": _phase(np.where(has_prev, says_after[prev], ""),
                            np.where(has_next, before[op][nxt], "")),
-        "opened": (last >= 0) & opens[before_op] & (steps[op[before_op]] == steps[ops]),
-        "closing": (first < len(marked)) & closes[after_op] & (
-            steps[op[after_op]] == steps[ops])})
+        "opened": has_prev & opens[prev], "closing": has_next & closes[nxt]})
 
 
 def _phase(from_prev: np.ndarray, from_next: np.ndarray) -> np.ndarray:
@@ -130,13 +135,15 @@ def _evidence(analysis, upstream: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     frame, start = analysis.ops.frame, analysis.start
     peer = frame["peer"].to_numpy()
     comm, lane = frame["comm"].to_numpy(), frame["lane_id"].to_numpy()
-    is_p2p = (frame["kind"].to_numpy() == schema.P2P) & (peer >= 0)
+    kind = frame["kind"].to_numpy()
+    is_p2p = ((kind == schema.P2P) | (kind == schema.HOST)) & np.isin(comm, _P2P_COMMS) & (
+        peer >= 0)  # a P2P op, or the c10d call that issued it on a host lane
     toward = np.where(upstream, B, F)  # compute before a message to that side
     back = np.where(upstream, F, B)  # compute after a message from that side
     after = np.where(is_p2p & (comm != "send"), back, "").astype(object)
     before = np.where(is_p2p & (comm != "recv"), toward, "").astype(object)
     dep = analysis.matches.dep
-    waits = np.flatnonzero((frame["kind"].to_numpy() == schema.WAIT) & (dep >= 0))
+    waits = np.flatnonzero((kind == schema.WAIT) & (dep >= 0))
     p2p = np.flatnonzero(is_p2p)
     for lane_id in np.unique(lane[p2p]):
         mine = p2p[lane[p2p] == lane_id]  # sorted by start within the lane

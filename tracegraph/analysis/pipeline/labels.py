@@ -6,11 +6,13 @@ k-th forward block of a rank is therefore (chunk, microbatch) = order[k]. A stag
 microbatch may be tied to its forward more directly: the autograd sequence numbers its ops
 share (`link`), which then overrule the order.
 
-The labels are only taken when they are consistent: every stage of the replica has v·m forwards
-and as many backwards in each step, and every block starts after the block it needs ends (the
-forward of the previous virtual stage, the backward of the next, the forward of the same chunk
-for the last one), allowing for clock alignment. On a ring of stages (interleaved) the chunk
-count v is the one value for which that holds; when none or several do, nothing is labelled.
+The labels are only taken when they are consistent: the op names within each block tell its
+phase (not the other one, as when a forward and a backward interleave), every stage of the
+replica has v·m forwards and as many backwards in each step, and every block starts after the
+block it needs ends (the forward of the previous virtual stage, the backward of the next, the
+forward of the same chunk for the last one), allowing for clock alignment. On a ring of stages
+(interleaved) the chunk count v is the one value for which that holds; when none or several do,
+nothing is labelled.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from tracegraph.analysis.pipeline.blocks import B, F, Pipeline, staged, unsure
 from tracegraph.analysis.pipeline.replicas import Replica
 from tracegraph.analysis.schedules import order
 
+CONTRARY = 0.05  # share of phase-telling ops in blocks of the other phase that is too many
 SLACK = 0.25  # a block may start this share of the median forward before what it needs ended
 
 
@@ -49,6 +52,8 @@ def label(blocks: pd.DataFrame, stages: list[int], ring: bool,
           link: pd.Series | None = None) -> tuple[pd.DataFrame | None, str]:
     """`blocks` (rank, step, phase, start, end) of one replica, `stages` its ranks in stage
     order -> the blocks with chunk and microbatch, or None and why not."""
+    if (why := _interleaving(blocks, stages)):
+        return None, why
     p = len(stages)
     fits = []
     for v in _chunk_counts(blocks, p, ring):
@@ -62,6 +67,18 @@ def label(blocks: pd.DataFrame, stages: list[int], ring: bool,
         return None, (f"the blocks of ranks {stages} fit no (interleaved) 1F1B order "
                       f"(forward/backward blocks per rank and step: {_counts(counts)})")
     return None, f"{len(fits)} chunk counts ({[v for v, _ in fits]}) fit ranks {stages}"
+
+
+def _interleaving(blocks: pd.DataFrame, stages: list[int]) -> str:
+    """Why the blocks are no forward or backward each, if their op names say so: more than
+    CONTRARY of the ops whose name tells a phase sit in blocks of the other one (combined 1F1B
+    interleaves a forward and a backward layer by layer)."""
+    if "told" not in blocks or not blocks["told"].sum():
+        return ""
+    share = blocks["contrary"].sum() / blocks["told"].sum()
+    return (f"forward and backward work interleave on ranks {stages} ({share:.0%} of the ops "
+            f"whose name tells a phase sit in blocks of the other; combined 1F1B?)"
+            if share > CONTRARY else "")
 
 
 def _chunk_counts(blocks: pd.DataFrame, p: int, ring: bool) -> list[int]:

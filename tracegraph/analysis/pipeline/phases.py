@@ -18,21 +18,30 @@ import pandas as pd
 
 from tracegraph.analysis.pipeline.blocks import B, F
 
+BLOCKS = ["step", "phase", "start", "end", "ops", "told", "contrary"]
+"""A block: its op indices, how many of them have a name that tells a phase, and how many of
+those tell the other phase."""
 OTHER = "O"
 STATES = np.array([F, B, OTHER])
+AUTOGRAD = r"^autograd::engine::evaluate_function: |Backward\d*$"  # MmBackward0 and its caller
 SMOOTH = 0.05  # added to each share so that a name seen in one phase only scores finitely
 CLIP = 3.0  # strongest score of a single name
 SHARED = 1.0  # |score| below this: a name of both phases
 MISFIT = 1.0  # score of a pipeline name as "other", or of a foreign name as F or B
 SWITCH = 4.0  # cost of changing phase between two ops with no P2P boundary between them
-MAX_SWITCHES = 3  # within one stretch: other, forward, backward, other at most
+STRETCH = ((2, True), (0, True), (1, True), (0, False), (1, False), (2, False))
+"""The phases one stretch between P2P boundaries may hold, as automaton states (phase index,
+may start the stretch): other work first, a forward and a backward in either order, each once,
+other work last. MOVES are its transitions."""
+MOVES = ((0, 1), (0, 2), (1, 4), (2, 3), (1, 5), (2, 5), (3, 5), (4, 5))
 EVIDENCE = 0.5  # weight of what the nearest P2P boundaries say, beside the names
 
 
-def name_scores(work: pd.DataFrame) -> pd.Series:
+def name_scores(work: pd.DataFrame, names: pd.Index) -> pd.Series:
     """name_id -> log odds of forward over backward among the stretches P2P evidence labels
     (share of forward stretches holding the name vs of backward ones); NaN for names that
-    never occur in two stretches of one rank and step."""
+    never occur in two stretches of one rank and step. PyTorch's autograd ops (`names` by id)
+    are backward whatever the stretches say: the last stage's loss backward is never alone."""
     labelled = work[work["evidence"].isin([F, B])]
     stretch = ["rank", "step", "cut", "evidence"]
     present = labelled.drop_duplicates([*stretch, "name_id"])
@@ -42,7 +51,9 @@ def name_scores(work: pd.DataFrame) -> pd.Series:
     share = counts / np.maximum(stretches.reindex([F, B], fill_value=0).to_numpy(), 1)
     score = np.log((share[F] + SMOOTH) / (share[B] + SMOOTH)).clip(-CLIP, CLIP)
     recurring = present.groupby(["name_id", "rank", "step"]).size().groupby("name_id").max() >= 2
-    return score.where(recurring.reindex(score.index, fill_value=False))
+    score = score.where(recurring.reindex(score.index, fill_value=False))
+    autograd = np.flatnonzero(names.str.contains(AUTOGRAD, regex=True))
+    return score.reindex(score.index.union(autograd)).fillna(pd.Series(-CLIP, index=autograd))
 
 
 def phase_path(work: pd.DataFrame) -> np.ndarray:
@@ -58,30 +69,32 @@ def phase_path(work: pd.DataFrame) -> np.ndarray:
 
 
 def _best_path(emit: np.ndarray) -> np.ndarray:
-    """State indices of one stretch maximizing its emissions less SWITCH per change, with at
-    most MAX_SWITCHES changes: exact dynamic programming over the number of changes, each
-    level vectorized over positions (the best place to switch into a state is a running max)."""
-    n, states = emit.shape
-    total = np.vstack([np.zeros(states), np.cumsum(emit, axis=0)])  # total[i]: ops before i
-    best, levels = total, []  # best[i, t]: the ops before i, the last in state t
-    diagonal = np.arange(states)
-    for _ in range(MAX_SWITCHES):
-        enter = best[:, :, None] - total[:, None, :] - SWITCH  # [i, from, to]: switch at i
-        enter[:, diagonal, diagonal] = -np.inf
-        source, value = enter.argmax(axis=1), enter.max(axis=1)
-        at = _running_argmax(value)
-        switched = total + np.take_along_axis(value, at, axis=0)
-        levels.append((at, source, switched > best))
-        best = np.maximum(best, switched)
-    state, i = int(best[n].argmax()), n
+    """Phase indices of one stretch: the STRETCH automaton path maximizing its emissions less
+    SWITCH per change. Exact dynamic programming in the automaton's order, each transition
+    vectorized over positions (the best place to enter a state is a running max)."""
+    n = len(emit)
+    total = np.vstack([np.zeros(len(STATES)), np.cumsum(emit, axis=0)])  # ops before i
+    best, entered = {}, {}  # state -> [i]: the ops before i, the last in that state
+    for state, (phase, starts) in enumerate(STRETCH):
+        column = total[:, phase]
+        value = column.copy() if starts else np.full(n + 1, -np.inf)
+        entered[state] = []
+        for before in (s for s, t in MOVES if t == state):
+            enter = best[before] - SWITCH - column  # leave `before` for `state` at j
+            at = _running_argmax(enter[:, None])[:, 0]
+            moved = column + enter[at]
+            entered[state].append((before, at, moved > value))
+            value = np.maximum(value, moved)
+        best[state] = value
+    state, i = max(best, key=lambda s: best[s][n]), n
     path = np.empty(n, dtype=np.int8)
-    for at, source, took in reversed(levels):
-        if took[i, state]:
-            j = int(at[i, state])
-            path[j:i] = state
-            state, i = int(source[j, state]), j
-    path[:i] = state
-    return path
+    while True:
+        move = next(((b, at) for b, at, took in reversed(entered[state]) if took[i]), None)
+        j = int(move[1][i]) if move else 0
+        path[j:i] = STRETCH[state][0]
+        if move is None:
+            return path
+        state, i = move[0], j
 
 
 def _running_argmax(values: np.ndarray) -> np.ndarray:
@@ -105,12 +118,13 @@ def _emissions(work: pd.DataFrame) -> np.ndarray:
 
 
 def blocks(work: pd.DataFrame) -> pd.DataFrame:
-    """One rank's step (its ops with their names' `score`): step, phase, start, end, ops (op
-    indices) of its forward and backward blocks. A block must start at a boundary that starts
+    """One rank's step (its ops with their names' `score`): BLOCKS of its forward and backward
+    blocks. A block must start at a boundary that starts
     work or end at one that ends it; at an end that neither such a boundary nor a kept
     neighbour marks it loses the ops that are not typical of its phase."""
     work = work.sort_values("start", kind="stable").reset_index(drop=True)
-    work = work.assign(phase=phase_path(work))
+    first_seen = work.groupby("autograd")["start"].transform("min")  # its forward's time
+    work = work.assign(phase=phase_path(work), first_seen=first_seen)
     runs = _runs(work)
     out = []
     for run in runs[runs["kept"]].itertuples():
@@ -119,9 +133,11 @@ def blocks(work: pd.DataFrame) -> pd.DataFrame:
         lo = typical[0] if run.open_start and len(typical) else 0
         hi = typical[-1] + 1 if run.open_end and len(typical) else len(ops)
         ops = ops.iloc[lo:hi]
+        told = ops["score"].fillna(0).to_numpy() * (1 if run.phase == F else -1)
         out.append((int(ops["step"].iloc[0]), run.phase, int(ops["start"].min()),
-                    int(ops["end"].max()), ops["op"].to_numpy()))
-    return pd.DataFrame(out, columns=["step", "phase", "start", "end", "ops"])
+                    int(ops["end"].max()), ops["op"].to_numpy(), int((abs(told) >= SHARED).sum()),
+                    int((told <= -SHARED).sum())))
+    return pd.DataFrame(out, columns=BLOCKS)
 
 
 def _runs(work: pd.DataFrame) -> pd.DataFrame:
@@ -147,11 +163,14 @@ def _runs(work: pd.DataFrame) -> pd.DataFrame:
 
 
 def _typical(ops: pd.DataFrame) -> np.ndarray:
-    """Ops that are surely the block's phase: those autograd ties to a forward or backward
-    where the profiler records it (the optimizer's and data loading's ops have no sequence
-    number), else those whose name is typical of the phase."""
+    """Ops that are surely the block's phase: their name is typical of it and, where the
+    profiler records autograd, so is their sequence number (a forward's are first seen in the
+    block, a backward's were seen before it; the optimizer's and data loading's ops carry
+    none, and ops after the pipeline the counter's last value)."""
+    forward = ops["phase"].iloc[0] == F
+    typical = ops["score"].fillna(0).to_numpy() * (1 if forward else -1) >= SHARED
     autograd = ops["autograd"].to_numpy()
     if (autograd >= 0).any():
-        return autograd >= 0
-    sign = 1 if ops["phase"].iloc[0] == F else -1
-    return ops["score"].fillna(0).to_numpy() * sign >= SHARED
+        new = ops["first_seen"].to_numpy() >= ops["start"].iloc[0]
+        typical &= (autograd >= 0) & (new if forward else ~new)
+    return typical

@@ -14,7 +14,7 @@ import pandas as pd
 from tracegraph import schema
 from tracegraph.analysis.pipeline import phases
 from tracegraph.analysis.pipeline.blocks import Pipeline, unsure
-from tracegraph.analysis.pipeline.boundaries import lane_work
+from tracegraph.analysis.pipeline.boundaries import lane_work, names
 from tracegraph.analysis.pipeline.labels import autograd_links, labelled
 from tracegraph.analysis.pipeline.replicas import Replica, layout
 
@@ -27,22 +27,23 @@ def from_op_order(analysis) -> Pipeline | None:
     if not ((frame["kind"] == schema.P2P) & (frame["peer"] >= 0)).any():
         return None
     replicas = layout(analysis.trace, analysis.trace.rank_ids)
-    work = lane_work(analysis, _upstream(analysis, replicas))
+    name_ids, labels = names(analysis)
+    work = lane_work(analysis, _upstream(analysis, replicas), name_ids)
     if work.empty:
         return unsure(SOURCE, "no compute on the main lanes between P2P ops")
-    blocks = _blocks(work)
+    blocks = _blocks(work, labels)
     link = autograd_links(blocks, analysis.ops.frame["autograd_seq"].to_numpy())
     return labelled(analysis, blocks, replicas, SOURCE, link)
 
 
-def _blocks(work: pd.DataFrame) -> pd.DataFrame:
+def _blocks(work: pd.DataFrame, names: pd.Index) -> pd.DataFrame:
     """rank, step, phase, start, end, ops of every rank's forward and backward blocks."""
-    work = work.assign(score=work["name_id"].map(phases.name_scores(work)))
+    work = work.assign(score=work["name_id"].map(phases.name_scores(work, names)))
     parts = [phases.blocks(ops).assign(rank=rank)
              for (rank, _), ops in work.groupby(["rank", "step"], sort=False)]
     parts = [p for p in parts if len(p)]
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(
-        columns=["rank", "step", "phase", "start", "end", "ops"])
+        columns=["rank", *phases.BLOCKS])
 
 
 def _upstream(analysis, replicas: list[Replica]) -> np.ndarray:
