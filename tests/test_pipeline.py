@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 import tracegraph
 from tests.conftest import REAL, SAMPLES
@@ -18,6 +19,7 @@ from tracegraph import schema
 from tracegraph.analysis import pipeline
 from tracegraph.analysis.analyze import analyze
 from tracegraph.analysis.pipeline.annotations import RANGE
+from tracegraph.cli.app import app
 from tracegraph.loading.trace import Trace
 from tracegraph.simulate import simulate, truth_pipeline
 from tracegraph.simulate.bundle_writer import write_bundle
@@ -169,6 +171,32 @@ def test_combined_1f1b_is_not_guessed(simulated, fmt: str) -> None:
     assert found.source == "op order" and found.blocks.empty
     assert ("forward and backward work interleave" in found.reason if fmt == "kineto"
             else "fit no (interleaved) 1F1B order" in found.reason)
+
+
+def test_ranges_without_a_pipeline_draw_none() -> None:
+    """A data-parallel job whose ranges name only the phase (`FWD`, `BWD`: corpus dp4_healthy)
+    has no pipeline to draw."""
+    analysis = analyze(tracegraph.load(CORPUS / "dp4_healthy", use_cache=False))
+    assert pipeline.recover(analysis) is None
+
+
+def test_analyze_and_the_report_say_why_nothing_is_drawn(tmp_path: Path) -> None:
+    """The bundled combined-1F1B sample: `analyze --json` has the pipeline's reason and no
+    steps, the terminal and the report say it is not drawn, and no pipeline figure is."""
+    bundle = SAMPLES / "simulated" / "ep-a2a-overlap-kineto.tar.gz"
+    run = CliRunner().invoke(app, ["analyze", str(bundle), "--json", "--no-cache"])
+    assert run.exit_code == 0, run.output
+    said = json.loads(run.stdout)["pipeline"]
+    assert said["source"] == "op order" and said["steps"] == []
+    assert said["reason"].startswith("forward and backward work interleave")
+    run = CliRunner().invoke(app, ["analyze", str(bundle), "--no-cache"])
+    assert "pipeline (op order): not recovered: forward and backward work interleave" in (
+        " ".join(run.stdout.split()))
+    out = tmp_path / "r.html"
+    run = CliRunner().invoke(app, ["report", str(bundle), "-o", str(out), "--no-cache"])
+    html = out.read_text()
+    assert "pipeline (op order) not drawn: forward and backward work interleave" in html
+    assert "pipeline, step" not in html
 
 
 def test_a_missing_block_makes_recovery_unsure(simulated) -> None:

@@ -1,7 +1,8 @@
-"""The pipeline schedule a simulated bundle really ran, from its ground truth, for the report.
+"""The pipeline schedule a simulated bundle really ran, from its ground truth: what tests hold
+the recovered pipeline to.
 
-Real users never have this: the analysis recovers the pipeline from the trace itself
-(`tracegraph.analysis.pipeline`); a simulated bundle can show the exact schedule beside it.
+Real users never have this: the analysis and the report recover the pipeline from the trace
+itself (`tracegraph.analysis.pipeline`).
 """
 
 from __future__ import annotations

@@ -32,7 +32,8 @@ RANGE = re.compile(
 
 
 def from_annotations(analysis) -> Pipeline | None:
-    """Blocks from the phase ranges of the trace; None when it has none."""
+    """Blocks from the phase ranges of the trace; None when it has none (or only ranges
+    without numbers in a job without a pipeline)."""
     ranges = _ranges(analysis)
     if ranges.empty:
         return None
@@ -95,10 +96,11 @@ def _launched(analysis, rank: int, lo: np.ndarray, hi: np.ndarray
     return np.where(some, start, lo), np.where(some, end, hi)
 
 
-def _numbered(analysis, blocks: pd.DataFrame, depth: dict[int, int]) -> Pipeline:
-    """Ranges without numbers, numbered by their order per replica (`labels`)."""
-    ranks = sorted(int(r) for r in blocks["rank"].unique())
-    return labelled(analysis, blocks, layout(analysis.trace, ranks, depth), "annotations")
+def _numbered(analysis, blocks: pd.DataFrame, depth: dict[int, int]) -> Pipeline | None:
+    """Ranges without numbers, numbered by their order per replica (`labels`); None when no
+    ranks form a pipeline (the forward and backward of a data-parallel job)."""
+    replicas = layout(analysis.trace, sorted(int(r) for r in blocks["rank"].unique()), depth)
+    return labelled(analysis, blocks, replicas, "annotations") if replicas else None
 
 
 def _flow_depth(events: pd.DataFrame) -> dict[int, int]:
