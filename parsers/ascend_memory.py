@@ -21,7 +21,7 @@ import pandas as pd
 import pyarrow as pa
 
 from parsers.base import RankFiles, Reader
-from parsers.decimal_us import us_to_ns
+from parsers.decimal_us import DECIMAL, us_to_ns
 from tracegraph import schema
 from tracegraph.schema import NO_INT
 
@@ -47,6 +47,7 @@ def memory(files: RankFiles, read: Reader, rank: int, warnings: list[str]) -> pa
             warnings.append(f"{member}: unreadable CSV ({error}); its memory rows skipped")
             continue
         frame.columns = [c.strip() for c in frame.columns]
+        frame = _exact_times(frame, member, warnings)
         try:
             columns = _READERS[role](frame, partial(_at, us_to_ns, member))
         except KeyError as missing:
@@ -59,6 +60,21 @@ def memory(files: RankFiles, read: Reader, rank: int, warnings: list[str]) -> pa
             {**columns, "rank": np.full(rows, rank, dtype=np.int32), "source": [role] * rows},
             rows))
     return pa.concat_tables(tables) if tables else None
+
+
+def _exact_times(frame: pd.DataFrame, member: str, warnings: list[str]) -> pd.DataFrame:
+    """The rows whose µs times (the columns headed `(us)`) are exact decimals; the others are
+    dropped with a warning (a spreadsheet's `1.69512E+15` is rounded to ten seconds)."""
+    bad, examples = np.zeros(len(frame), dtype=bool), []
+    for column in (c for c in frame.columns if c.lower().endswith("(us)")):
+        text = frame[column].str.strip()
+        wrong = (text != "") & ~text.str.fullmatch(DECIMAL)
+        bad |= wrong.to_numpy()
+        examples += text[wrong].head(1).tolist()
+    if bad.any():
+        warnings.append(f"{member}: {bad.sum()} of {len(frame)} rows skipped: their timestamps "
+                        f"are not exact µs ({examples[0]!r}, rounded by a spreadsheet?)")
+    return frame[~bad]
 
 
 def _at(reader, member: str, values: list) -> np.ndarray:

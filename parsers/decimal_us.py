@@ -10,13 +10,14 @@ import pyarrow.compute as pc
 
 from parsers.base import TraceError
 
-_DECIMAL = r"^\s*(?P<whole>-?\d+)(?:\.(?P<frac>\d*))?\s*$"
+DECIMAL = r"^\s*(?P<whole>-?\d+)(?:\.(?P<frac>\d*))?\s*$"
+"""An exact decimal number of µs (what profilers write; a spreadsheet's `1.69512E+15` is not)."""
 
 
 def us_to_ns(values: Sequence[object], where: str) -> np.ndarray:
     """Decimal µs ("1736412474757059.740" or a number) -> integer ns, exactly (never via float)."""
     text = _decimal_text(values)
-    parts = pc.extract_regex(text, _DECIMAL)
+    parts = pc.extract_regex(text, DECIMAL)
     if parts.null_count:
         bad = text.filter(pc.is_null(parts))[0].as_py()
         raise TraceError(f"{where}: unreadable timestamp {bad!r}")

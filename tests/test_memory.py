@@ -43,3 +43,15 @@ def test_memory_survives_the_cache(real: Path, cache_dir: Path) -> None:
     again = tracegraph.load(real / PP2DP2, cache_dir=cache_dir)
     assert len(again.memory) == len(first.memory) > 0
     assert again.memory["allocated"].max() == first.memory["allocated"].max()
+
+
+def test_spreadsheet_rounded_timestamps_are_skipped_with_a_warning(real: Path) -> None:
+    """The 2023 profile's rank 1 `memory_record.csv` went through a spreadsheet: all 30 rows
+    read `1.69512E+15` (rounded to ten seconds). They are skipped with a warning naming the
+    file; its `operator_memory.csv` (exact: 21 allocations, 19 released, by awk) still loads."""
+    trace = tracegraph.load(real / "ascend" / "torch_npu_2023_comm", use_cache=False)
+    warned = [w for w in trace.warnings if "test_rank_1/ASCEND_PROFILER_OUTPUT/memory_record.csv"
+              in w]
+    assert len(warned) == 1 and "30 of 30 rows skipped" in warned[0] and "1.69512E+15" in warned[0]
+    mine = trace.memory[trace.memory["rank"] == 1]
+    assert set(mine["source"]) == {"operator_memory"} and len(mine) == 21 + 19
