@@ -17,6 +17,7 @@ from tracegraph.analysis.analyze import analyze
 from tracegraph.analysis.findings import find_all, stage_memory, stage_of
 from tracegraph.analysis.findings.exposed import exposed_table
 from tracegraph.analysis.overlap import reduction_overlap
+from tracegraph.analysis.pipeline import recover
 from tracegraph.cli.app import app
 from tracegraph.simulate import simulate
 from tracegraph.simulate.bundle_writer import write_bundle
@@ -119,6 +120,22 @@ def test_stage_memory_against_the_injected_profile(bundles, fmt: str) -> None:
             rows[0]["reserved"] / (24 * 2**30), abs=1e-4)
     [check] = evaluate([Rule("max_stage_memory_imbalance", {"ratio": 0.1})], analysis)
     assert check.status == "fail" and check.value == pytest.approx(imbalance, rel=0.05)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_stage_memory_of_the_recovered_interleaved_pipeline(bundles, fmt: str) -> None:
+    """`vpp` (PP4 × VPP2, 16 microbatches, no annotations): with the pipeline recovered from
+    op order, the expectation is interleaved 1F1B's ((p − r − 1)·2 + (v − 1)·p + 1)/v chunks of
+    activations in flight, the model's peaks (11, 9, 7, 5 chunks) halved."""
+    truth, runs = bundles("vpp")
+    analysis = runs[fmt][1]
+    found = {f.kind: f for f in find_all(analysis, recover(analysis))}["stage_memory"]
+    in_flight = [truth["memory"][str(r)]["peak_in_flight"] / 2 for r in range(4)]
+    assert found.evidence["chunks"] == 2
+    assert found.evidence["expected_in_flight"] == in_flight == [5.5, 4.5, 3.5, 2.5]
+    rows = {r["rank"]: r for r in found.evidence["per_rank"]}
+    held = [rows[r]["activations"] / rows[0]["activations"] * 5.5 for r in range(4)]
+    assert held == pytest.approx(in_flight, rel=0.05)
 
 
 def test_no_stage_memory_without_a_memory_profile(bundles) -> None:
