@@ -17,6 +17,8 @@ nothing is labelled.
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import pandas as pd
 
@@ -57,9 +59,9 @@ def label(blocks: pd.DataFrame, stages: list[int], ring: bool,
     p = len(stages)
     fits = []
     for v in _chunk_counts(blocks, p, ring):
-        labelled = _by_order(blocks, p, v, link)
-        if labelled is not None and _causal(labelled, stages):
-            fits.append((v, labelled))
+        numbered = _by_order(blocks, p, v, link)
+        if numbered is not None and _causal(numbered, stages):
+            fits.append((v, numbered))
     if len(fits) == 1:
         return fits[0][1], ""
     counts = blocks.groupby(["rank", "step", "phase"]).size().to_dict()
@@ -108,28 +110,26 @@ def _by_order(blocks: pd.DataFrame, p: int, v: int, link: pd.Series | None
     runs = np.array(order(p, v, total // v))
     chunk, mb = runs[k, 0], runs[k, 1]
     backward = (blocks["phase"] == B).to_numpy()
-    labelled = blocks.assign(chunk=np.where(backward, v - 1 - chunk, chunk), microbatch=mb)
-    return labelled if link is None else _linked(labelled, link)
+    numbered = blocks.assign(chunk=np.where(backward, v - 1 - chunk, chunk), microbatch=mb)
+    return numbered if link is None else _linked(numbered, link)
 
 
 def autograd_links(blocks: pd.DataFrame, autograd: np.ndarray) -> pd.Series | None:
-    """Backward block index -> the forward block of its rank and step whose ops share most of
-    its autograd sequence numbers (the backward op carries its forward op's); None when the
-    trace records none. `blocks` has each block's op indices in `ops`."""
+    """Backward block index -> the forward block of its rank and step that holds most of its
+    autograd sequence numbers (the backward op carries its forward op's), where that is more
+    than half of them; None when the trace records none. `blocks` has its op indices in `ops`."""
     seqs = blocks["ops"].map(lambda ops: {int(s) for s in autograd[ops] if s >= 0})
     if not seqs.map(len).any():
         return None
-    owner = {(r, step, s): i for i, r, step, phase, numbers in zip(
-        blocks.index, blocks["rank"], blocks["step"], blocks["phase"], seqs, strict=True)
-        if phase == F for s in numbers}
+    keyed = list(zip(blocks.index, blocks["rank"], blocks["step"], blocks["phase"], seqs,
+                     strict=True))
+    owner = {(r, step, s): i for i, r, step, phase, numbers in keyed if phase == F
+             for s in numbers}
     links = {}
-    for i, r, step, numbers in zip(blocks.index, blocks["rank"], blocks["step"],
-                                   seqs, strict=True):
-        hits = pd.Series([owner.get((r, step, s), -1) for s in numbers], dtype="int64")
-        hits = hits[hits >= 0]
-        if blocks.at[i, "phase"] == B and len(hits) and (hits == hits.mode()[0]).sum() * 2 > len(
-                numbers):
-            links[i] = int(hits.mode()[0])
+    for i, r, step, phase, numbers in keyed:
+        hits = Counter(owner[r, step, s] for s in numbers if (r, step, s) in owner)
+        if phase == B and hits and 2 * hits.most_common(1)[0][1] > len(numbers):
+            links[i] = hits.most_common(1)[0][0]
     return pd.Series(links, dtype="int64")
 
 

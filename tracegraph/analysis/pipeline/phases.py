@@ -53,7 +53,9 @@ def name_scores(work: pd.DataFrame, names: pd.Index) -> pd.Series:
     recurring = present.groupby(["name_id", "rank", "step"]).size().groupby("name_id").max() >= 2
     score = score.where(recurring.reindex(score.index, fill_value=False))
     autograd = np.flatnonzero(names.str.contains(AUTOGRAD, regex=True))
-    return score.reindex(score.index.union(autograd)).fillna(pd.Series(-CLIP, index=autograd))
+    score = score.reindex(score.index.union(autograd))
+    score[autograd] = -CLIP
+    return score
 
 
 def phase_path(work: pd.DataFrame) -> np.ndarray:
