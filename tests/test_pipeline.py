@@ -78,6 +78,9 @@ def test_seed_sample_schedule_from_op_order(fmt: str, cache_dir: Path) -> None:
     found = pipeline.recover(analysis)
     assert found.source == "op order"
     assert_interleaved(found, truth_pipeline.from_timeline(analysis, timeline))
+    [step] = found.as_dict()["steps"]  # what analyze --json reports
+    assert (step["stages"], step["chunks"], step["microbatches"]) == (4, 2, 16)
+    assert step["theory"] == pytest.approx(3 / 32, abs=1e-4)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
