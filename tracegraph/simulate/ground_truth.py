@@ -84,7 +84,7 @@ def overlap(timeline: Timeline, dims: dict[str, str]) -> dict[str, dict[str, dic
         for dim, part in mine.groupby(mine["group"].map(dims).fillna("")):
             flight = _intervals(part, span)
             total = sum(b - a for a, b in flight)
-            hidden = sum(max(0, min(b, d) - max(a, c)) for a, b in flight for c, d in busy)
+            hidden = _covered(flight, busy)
             entry = out.setdefault(str(span.rank), {}).setdefault(
                 str(dim), {"comm_ms": 0.0, "exposed_ms": 0.0})
             entry["comm_ms"] += total / MS
@@ -92,20 +92,34 @@ def overlap(timeline: Timeline, dims: dict[str, str]) -> dict[str, dict[str, dic
     return out
 
 
+def _covered(flight: list[tuple[int, int]], busy: list[tuple[int, int]]) -> int:
+    """Length of the intersection of two sorted lists of disjoint intervals, in one sweep
+    (all pairs took seconds on a large scenario's kernels)."""
+    total, first = 0, 0
+    for a, b in flight:
+        while first < len(busy) and busy[first][1] <= a:
+            first += 1
+        k = first
+        while k < len(busy) and busy[k][0] < b:
+            total += min(b, busy[k][1]) - max(a, busy[k][0])
+            k += 1
+    return total
+
+
 def _intervals(ops: pd.DataFrame, span) -> list[tuple[int, int]]:
     """The ops' [start, end) clipped to the step span and merged, sorted."""
     start = np.clip(ops["start_ns"].to_numpy(np.int64), span.start_ns, span.end_ns)
     end = np.clip((ops["start_ns"] + ops["dur_ns"]).to_numpy(np.int64), span.start_ns,
                   span.end_ns)
-    merged: list[list[int]] = []
-    for a, b in sorted(zip(start.tolist(), end.tolist(), strict=True)):
-        if b <= a:
-            continue
-        if merged and a <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], b)
-        else:
-            merged.append([a, b])
-    return [(a, b) for a, b in merged]
+    keep = end > start
+    if not keep.any():
+        return []
+    order = np.argsort(start[keep], kind="stable")
+    start, end = start[keep][order], np.maximum.accumulate(end[keep][order])
+    new = np.ones(len(start), dtype=bool)
+    new[1:] = start[1:] > end[:-1]  # a gap before it: a new merged interval
+    last = np.append(np.flatnonzero(new)[1:] - 1, len(start) - 1)
+    return list(zip(start[new].tolist(), end[last].tolist(), strict=True))
 
 
 def memory(job: Job, timeline: Timeline) -> dict[str, dict[str, object]]:
