@@ -20,7 +20,7 @@ import msgspec
 import numpy as np
 import pandas as pd
 
-from parsers import ascend_layout
+from parsers import ascend_layout, ascend_memory
 from parsers.ascend_comm import load_side, resolve_rank
 from parsers.ascend_csv import kernel_frame
 from parsers.ascend_layout import recognizes as recognizes  # the format's test, re-exported
@@ -52,9 +52,9 @@ from parsers.ascend_rows import (
     texts,
     thread_lane,
 )
-from parsers.ascend_rows import us_to_ns as us_to_ns  # exact µs -> ns, re-exported
 from parsers.base import Format, ParsedRank, RankFiles, Reader, TraceError
 from parsers.classify import parse_hccl_name
+from parsers.decimal_us import us_to_ns as us_to_ns  # exact µs -> ns, re-exported
 from tracegraph.schema import (
     COLLECTIVE,
     COMM,
@@ -146,7 +146,7 @@ def parse(files: RankFiles, read: Reader) -> ParsedRank:
     frame = concat([frame, marks])
     return ParsedRank(rank=rank, events=table(frame, rank), groups=groups(side, frame),
                       meta=meta(files, side, _pid_device(device_pid), layers=ctx.layers),
-                      warnings=warnings)
+                      warnings=warnings, memory=ascend_memory.memory(files, read, rank, warnings))
 
 
 def _check_spans(marks: pd.DataFrame, stages_us: dict[int, float], where: str,

@@ -26,10 +26,10 @@ from parsers.ascend_rows import (
     int64s,
     op_group,
     peer,
-    us_to_ns,
 )
 from parsers.base import Reader, TraceError
 from parsers.classify import parse_hccl_name
+from parsers.decimal_us import us_to_ns
 from tracegraph.schema import COMM, NO_INT, P2P
 
 ALIASES = {  # our name -> the header each table writes it under

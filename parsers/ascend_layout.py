@@ -17,6 +17,7 @@ import re
 from collections import defaultdict
 from collections.abc import Collection
 
+from parsers.ascend_memory import ROLES as MEMORY_ROLES
 from parsers.base import Found, RankFiles, Sniff, name_rank
 
 NAME = "ascend"
@@ -31,7 +32,7 @@ _RAW_INFO = re.compile(r"(?:^|/)device_\d+/info\.json\.\d+$")  # in a PROF_* fol
 _RANK_ID = re.compile(rb'"rank_id"\s*:\s*"?(-?\d+)')
 _APO_ROLES = {"trace_view.json": "trace", "communication.json": "communication",
               "communication_matrix.json": "matrix", "step_trace_time.csv": "step_trace",
-              "kernel_details.csv": "kernels"}
+              "kernel_details.csv": "kernels", **MEMORY_ROLES}
 DB_NAME = re.compile(r"(?:^|/)(?:ascend_(?:pytorch|mindspore)_profiler(?:_(\d+))?|msprof_\d+)\.db$")
 _APO_DB = re.compile(rf"^{APO}/ascend_(?:pytorch|mindspore)_profiler(?:_\d+)?\.db$")
 _RAW = r"^(?:PROF_[^/]*/)?"  # raw msprof files sit in the profile folder or one PROF_* below

@@ -20,8 +20,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from parsers.ascend_comm import Side
-from parsers.base import GroupInfo, RankFiles, TraceError
+from parsers.base import GroupInfo, RankFiles
 from parsers.classify import HcclName, comm_kind, comm_type, double_hash, parse_hccl_name
+from parsers.decimal_us import us_to_ns
 from tracegraph import schema
 from tracegraph.schema import (
     COMM,
@@ -44,43 +45,12 @@ DTYPE_BYTES = {"INT8": 1, "UINT8": 1, "INT16": 2, "UINT16": 2, "FP16": 2, "BFP16
 WAIT_TYPES = frozenset({"EVENT_WAIT_SQE", "EVENT_WAIT"})
 RECORD_TYPES = frozenset({"EVENT_RECORD_SQE", "EVENT_RECORD"})
 GROUP_THREAD = re.compile(r"Group (.+?) (?:Aicpu )?Communication")
-_DECIMAL = r"^\s*(?P<whole>-?\d+)(?:\.(?P<frac>\d*))?\s*$"
 _INT32_MAX = np.iinfo(np.int32).max
 
 Scalar = int | float | str | None
 
 
 # --- column helpers --------------------------------------------------------------------------
-
-
-def us_to_ns(values: Sequence[object], where: str) -> np.ndarray:
-    """Decimal µs ("1736412474757059.740" or a number) -> integer ns, exactly (never via float)."""
-    text = _decimal_text(values)
-    parts = pc.extract_regex(text, _DECIMAL)
-    if parts.null_count:
-        bad = text.filter(pc.is_null(parts))[0].as_py()
-        raise TraceError(f"{where}: unreadable timestamp {bad!r}")
-    whole = pc.cast(parts.field("whole"), pa.int64())
-    frac = pc.cast(pc.utf8_slice_codeunits(pc.utf8_rpad(parts.field("frac"), 3, "0"), 0, 3),
-                   pa.int64())
-    negative = pc.starts_with(parts.field("whole"), "-")
-    signed = pc.if_else(negative, pc.negate(frac), frac)
-    return pc.add(pc.multiply(whole, 1000), signed).to_numpy()
-
-
-def _decimal_text(values: Sequence[object]) -> pa.Array:
-    try:
-        return pa.array(values, type=pa.string())
-    except (pa.ArrowInvalid, pa.ArrowTypeError):
-        return pa.array([_number_text(v) for v in values], type=pa.string())
-
-
-def _number_text(value: object) -> str | None:
-    """A number as the decimal text it was most likely written as."""
-    if value is None or isinstance(value, str):
-        return value
-    text = repr(value)
-    return format(value, ".3f") if isinstance(value, float) and "e" in text else text
 
 
 def dur_ns(values: Sequence[Scalar]) -> np.ndarray:

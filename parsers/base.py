@@ -60,6 +60,7 @@ class ParsedRank:
     groups: list[GroupInfo] = field(default_factory=list)
     meta: dict[str, object] = field(default_factory=dict)  # RANKS columns: framework, version, ...
     warnings: list[str] = field(default_factory=list)
+    memory: pa.Table | None = None  # tracegraph.schema.MEMORY; None when the profile has none
 
 
 Reader = Callable[[str], bytes]

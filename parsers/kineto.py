@@ -51,6 +51,7 @@ class _Args(msgspec.Struct, frozen=True, gc=False):
     pg_ranks: Any = msgspec.field(default=None, name="Process Group Ranks")
     group_size: Any = msgspec.field(default=None, name="Group size")
     seq: Any = msgspec.field(default=None, name="Seq")
+    autograd_seq: Any = msgspec.field(default=None, name="Sequence number")  # not a comm seq
     dst: Any = msgspec.field(default=None, name="Dst Rank")
     src: Any = msgspec.field(default=None, name="Src Rank")
     nelems: Any = msgspec.field(default=None, name="In msg nelems")
@@ -63,6 +64,11 @@ class _Args(msgspec.Struct, frozen=True, gc=False):
     dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input Dims")
     types: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input type")
     name: Any = None  # thread_name / process_name metadata
+    device_type: Any = msgspec.field(default=None, name="Device Type")  # [memory] events
+    device_id: Any = msgspec.field(default=None, name="Device Id")
+    mem_bytes: Any = msgspec.field(default=None, name="Bytes")
+    allocated: Any = msgspec.field(default=None, name="Total Allocated")
+    reserved: Any = msgspec.field(default=None, name="Total Reserved")
 
 
 _NO_ARGS = _Args()
@@ -92,14 +98,20 @@ class _Metadata(_Fields, tag_field="ph", tag="M"):
     ph: ClassVar[str] = "M"
 
 
+class _Instant(_Fields, tag_field="ph", tag="i"):
+    """An instant event: the profiler's `[memory]` allocator events among them."""
+
+    ph: ClassVar[str] = "i"
+
+
 def _skipped(phase: str) -> type:
     """An event of a phase the table does not use: none of its fields are decoded."""
     return msgspec.defstruct(f"_Phase{ord(phase)}", [], frozen=True, gc=False, tag_field="ph",
                              tag=phase, namespace={"ph": phase})
 
 
-_PHASES = "BEiICbnestfPONDVvRc()"  # the Chrome trace format's other phases
-_Tagged = Union[(_Complete, _Metadata, *map(_skipped, _PHASES))]  # noqa: UP007
+_PHASES = "BEICbnestfPONDVvRc()"  # the Chrome trace format's other phases
+_Tagged = Union[(_Complete, _Metadata, _Instant, *map(_skipped, _PHASES))]  # noqa: UP007
 
 
 class _Trace(msgspec.Struct, gc=False):
@@ -323,8 +335,8 @@ def _cover(rows: np.ndarray, starts: np.ndarray, ends: np.ndarray, at: np.ndarra
 
 
 # --- the rank's columns ----------------------------------------------------------------------
-_PH, _CAT, _NAME, _TS, _DUR, _TID, _CORRELATION = map(attrgetter, (
-    "ph", "cat", "name", "ts", "dur", "tid", "args.correlation"))
+_PH, _CAT, _NAME, _TS, _DUR, _TID, _CORRELATION, _AUTOGRAD = map(attrgetter, (
+    "ph", "cat", "name", "ts", "dur", "tid", "args.correlation", "args.autograd_seq"))
 
 
 class _Rank:
@@ -344,6 +356,7 @@ class _Rank:
         self.dur = _ns(np.fromiter(map(_DUR, ev), np.float64, n))
         self.end = self.start + self.dur
         self.corr = _ints(list(map(_CORRELATION, ev)))
+        self.autograd = np.where(self.cat == CPU_OP, _ints(list(map(_AUTOGRAD, ev))), NO_INT)
         self.device = np.isin(self.cat, _DEVICE_CATS)
         self.thread = np.where(self.device, NO_INT, _ints(list(map(_TID, ev))))  # host tid
         self.kind = _CAT_KIND[self.cat]
@@ -746,6 +759,46 @@ def _context(r: _Rank) -> tuple[np.ndarray, pa.Array]:
     return step, names.take(pa.array(np.where(label >= 0, label, r.n)))
 
 
+# --- memory ----------------------------------------------------------------------------------
+_DEVICE_TYPES = {0: "cpu", 1: "cuda", 20: "npu"}  # c10::DeviceType (PrivateUse1 = torch_npu)
+
+
+def _memory(events: list, base_ns: int, rank: int) -> pa.Table | None:
+    """The allocator's `[memory]` instant events (profile_memory=True): after each allocation
+    (Bytes > 0) or release (Bytes < 0), the device's Total Allocated / Total Reserved."""
+    rows = [e for e in events if getattr(e, "ph", "") == "i" and e.name == "[memory]"]
+    if not rows:
+        return None
+    args = [e.args for e in rows]
+    kind = [_int(a.device_type) for a in args]
+    index = [_int(a.device_id) for a in args]
+    device = [_DEVICE_TYPES.get(k, f"device{k}") + (f":{i}" if i >= 0 and k else "")
+              for k, i in zip(kind, index, strict=True)]
+    count = len(rows)
+    return schema.memory_table({
+        "rank": np.full(count, rank, dtype=np.int32),
+        "start_ns": base_ns + _ns(np.fromiter((e.ts for e in rows), np.float64, count)),
+        "allocated": _ints([a.allocated for a in args]),
+        "reserved": _ints([a.reserved for a in args]),
+        "bytes": _ints([a.mem_bytes for a in args]), "component": ["allocator"] * count,
+        "device": device, "source": ["kineto"] * count}, count)
+
+
+def _device_memory(trace: _Trace, r: _Rank, memory: pa.Table | None) -> int:
+    """totalGlobalMem of the rank's device (the one its kernels, else its memory events, name);
+    NO_INT when the trace does not say."""
+    devices = trace.deviceProperties if isinstance(trace.deviceProperties, list) else []
+    used = r.pid[r.device & (r.pid >= 0)]
+    index = int(used[0]) if len(used) else NO_INT
+    if index < 0 and memory is not None:
+        named = [d for d in memory.column("device").to_pylist() if ":" in d]
+        index = int(named[0].rsplit(":", 1)[1]) if named else NO_INT
+    for device in devices:
+        if isinstance(device, dict) and _int(device.get("id")) == max(index, 0):
+            return _int(device.get("totalGlobalMem"))
+    return NO_INT
+
+
 # --- groups and meta -------------------------------------------------------------------------
 def _group_ranks(value: object, size: object) -> tuple[int, ...]:
     """Member ranks from a list or its JSON string; () when unreadable or truncated."""
@@ -818,6 +871,7 @@ def parse(files: RankFiles, read: Reader) -> ParsedRank:
     pg_config = info.get("pg_config") if isinstance(info.get("pg_config"), list) else []
     stated = _pg_config_groups(pg_config)
     own = own_groups(rank, stated.values())
+    memory = _memory(trace.traceEvents or [], base_ns, rank)
     r = _Rank(trace, base_ns)
     trace.traceEvents = None  # the events the table does not keep (flows, instants) go now
     if trace.baseTimeNanoseconds is None and r.n and r.start.min() < _RELATIVE_BELOW_NS:
@@ -839,8 +893,9 @@ def parse(files: RankFiles, read: Reader) -> ParsedRank:
     groups = _groups(r, stated)
     r.release()
     meta = _meta(trace, info, files.root, base_ns, r.n) | _cross_rank_meta(r, executed)
+    meta["device_memory"] = _device_memory(trace, r, memory)
     return ParsedRank(rank=rank, events=_table(r, rank, names, workers), groups=groups,
-                      meta=meta, warnings=warnings + r.warnings)
+                      meta=meta, warnings=warnings + r.warnings, memory=memory)
 
 
 def _table(r: _Rank, rank: int, names: dict[int, str], workers: np.ndarray) -> pa.Table:
@@ -853,6 +908,7 @@ def _table(r: _Rank, rank: int, names: dict[int, str], workers: np.ndarray) -> p
         "peer": r.peer, "seq": r.seq, "bytes": r.nbytes, "dtype": r.dtype,
         "src_rank": r.src_rank, "dst_rank": r.dst_rank,
         "correlation": r.corr, "event_id": r.event_id, "wait_on_stream": r.wait_on,
+        "autograd_seq": np.maximum(r.autograd, NO_INT),
         "task_type": _dictionary(r.cat, _CAT_NAMES), "step": step, "annotation": annotation,
     }, r.n)
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import plotly.graph_objects as go
 
 from reports.critical_path import path_table
+from reports.findings import findings_html
 from reports.markdown import rank_sum
 from reports.pipeline import pipeline_figure
 from reports.waterfall import MAX_SEGMENTS, waterfall
@@ -52,7 +53,11 @@ def render(analysis, *, step: int | None = None, top: int = 10, pipeline=None,
                                           slowest.get(s)))
             bar.advance()
     title = f"tracegraph report: {analysis.trace.source}"
-    body = [f"<h1>{escape(title)}</h1>", _overview(analysis, steps, pipeline), *sections,
+    from tracegraph.analysis.findings import find_all
+
+    found = [f.as_dict() for f in find_all(analysis, pipeline)]
+    body = [f"<h1>{escape(title)}</h1>", _overview(analysis, steps, pipeline),
+            findings_html(found), *sections,
             *whatif_sections(prediction, figures, _figure_html), _totals(analysis, step)]
     return ("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">"
             f"<title>{escape(title)}</title><style>{STYLE}</style></head><body>\n"
@@ -168,7 +173,8 @@ def cause_label(name: str) -> str:
 def _overview(analysis, steps: list[int], pipeline) -> str:
     ranks = analysis.trace.rank_ids
     shown = ", ".join(str(s) for s in steps) if steps != [-1] else "whole trace"
-    source = f"; pipeline from {pipeline.source}" if pipeline is not None else ""
+    source = "" if pipeline is None else (f"; pipeline from {pipeline.source}" if len(
+        pipeline.blocks) else f"; pipeline ({pipeline.source}) not drawn: {pipeline.reason}")
     offsets = sorted(analysis.offsets.items())
     clocks = ", ".join(f"r{r} {ns / 1e3:+.1f}" for r, ns in offsets[:MAX_OFFSETS_SHOWN])
     clocks += " …" if len(offsets) > MAX_OFFSETS_SHOWN else ""

@@ -45,6 +45,22 @@ def pipeline_figure(pipeline: Pipeline, step: int, origin: int) -> go.Figure:
     return fig
 
 
+def pipeline_lines(summary: dict | None) -> list[str]:
+    """The recovered pipeline (`Pipeline.as_dict`) as terminal lines: each step's bubble ratio
+    against the theory of the schedule found, or why it is not drawn."""
+    if not summary:
+        return []
+    if not summary["steps"]:
+        return [f"\npipeline ({summary['source']}): not recovered: {summary['reason']}"]
+    lines = [f"\npipeline ({summary['source']}):"]
+    lines += [f"  step {s['step']}: p={s['stages']} v={s['chunks']} m={s['microbatches']}, "
+              f"bubble ratio measured {s['measured']:.3f} vs theory (p−1)/(v·m) "
+              f"{s['theory']:.3f}" for s in summary["steps"]]
+    if summary["reason"]:
+        lines.append(f"  not drawn: {summary['reason']}")
+    return lines
+
+
 def _title(pipeline: Pipeline, step: int) -> str:
     ratio = pipeline.bubble_ratio(step)
     text = f"pipeline, step {step} ({pipeline.source})"

@@ -16,9 +16,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from parsers.ascend import parse, us_to_ns
+from parsers.ascend import parse
 from parsers.base import GroupInfo, ParsedRank, RankFiles, TraceError
 from parsers.classify import double_hash
+from parsers.decimal_us import us_to_ns
 from tracegraph.simulate import write_ascend
 from tracegraph.simulate.bundle_writer import clock_shift
 from tracegraph.simulate.timeline import TIMELINE_COLUMNS, StepSpan, Timeline

@@ -41,6 +41,7 @@ from parsers.bundle import open_bundle
 REAL = Path(__file__).resolve().parents[1].parent / "shared" / "real_traces"
 GLOO = REAL / "kineto" / "gloo_pp2_dp2"
 ROLES_APO = {"communication", "matrix", "step_trace", "info", "metadata"}
+MEMORY = {"memory_record", "operator_memory", "npu_module_mem"}  # profile_memory=True files
 KINETO_HEAD = b'{"schemaVersion": 1, "traceEvents": ['
 BOMB_BYTES = 200 << 20
 
@@ -97,8 +98,8 @@ def test_pp2dp2_has_four_ascend_ranks_without_trace_view():
     bundle = open_bundle(real("ascend/torch_npu_pp2dp2_level2_comm"))
     assert [(p.format, p.root, p.rank) for p in bundle.profiles] == [
         ("ascend", f"rank_{r}_ascend_pt", r) for r in range(4)]
-    for r, profile in enumerate(bundle.profiles):
-        assert set(profile.files) == ROLES_APO | ({"kernels"} if r in (0, 2) else set())
+    for r, profile in enumerate(bundle.profiles):  # ranks 0 and 2 hold kernels and memory
+        assert set(profile.files) == ROLES_APO | ({"kernels"} | MEMORY if r in (0, 2) else set())
         assert profile.files["info"] == f"rank_{r}_ascend_pt/profiler_info_{r}.json"
         assert profile.files["matrix"] == (f"rank_{r}_ascend_pt/ASCEND_PROFILER_OUTPUT/"
                                            "communication_matrix.json")
@@ -109,7 +110,7 @@ def test_ddp8_has_two_ascend_ranks_with_trace_view():
     assert [(p.root, p.rank) for p in bundle.profiles] == [("rank0_ascend_pt", 0),
                                                            ("rank1_ascend_pt", 1)]
     for profile in bundle.profiles:
-        assert set(profile.files) == ROLES_APO | {"trace"}
+        assert set(profile.files) == ROLES_APO | MEMORY | {"trace"}
         assert profile.files["trace"] == f"{profile.root}/ASCEND_PROFILER_OUTPUT/trace_view.json"
     trace = bundle.read(bundle.profiles[1].files["trace"])
     assert trace == (real("ascend/torch_npu_ddp8_level1") / bundle.profiles[1].files["trace"]
@@ -123,14 +124,18 @@ def test_one_ascend_folder_as_the_bundle():
         "communication": "ASCEND_PROFILER_OUTPUT/communication.json",
         "matrix": "ASCEND_PROFILER_OUTPUT/communication_matrix.json",
         "step_trace": "ASCEND_PROFILER_OUTPUT/step_trace_time.csv",
+        "memory_record": "ASCEND_PROFILER_OUTPUT/memory_record.csv",
+        "operator_memory": "ASCEND_PROFILER_OUTPUT/operator_memory.csv",
+        "npu_module_mem": "ASCEND_PROFILER_OUTPUT/npu_module_mem.csv",
         "info": "profiler_info_1.json", "metadata": "profiler_metadata.json"}, 1)]
 
 
 def test_2023_comm_folders_found_by_profiler_info_and_other_json_reported():
     bundle = open_bundle(real("ascend/torch_npu_2023_comm"))
+    comm = {"communication", "matrix", "step_trace", "info"}
     assert [(p.root, p.rank, set(p.files)) for p in bundle.profiles] == [
-        (f"test_rank_{r}", r, {"communication", "matrix", "step_trace", "info", "kernels"})
-        for r in (0, 1)]
+        ("test_rank_0", 0, comm | {"kernels"} | MEMORY),
+        ("test_rank_1", 1, comm | {"kernels"} | MEMORY - {"npu_module_mem"})]  # no module memory
     assert len(bundle.warnings) == 1
     assert bundle.warnings[0].startswith("ignored 6 JSON file(s) that are not profiles: ")
 

@@ -171,6 +171,22 @@ def test_rank0_waits_for_the_straggler_in_all_to_all(gloo):
     assert a2a["dur_ns"].tolist()[0] == 201863497 and a2a["step"].tolist() == [2, 3]
 
 
+def test_autograd_sequence_numbers_tie_backward_ops_to_their_forward(gloo):
+    """Read by hand in rank1.json: `aten::mean` (forward, ts …522413) and the
+    `autograd::engine::evaluate_function: MeanBackward0` / `MeanBackward0` that run its
+    backward (ts …522620, …522622) all carry `Sequence number` 59; the c10d ops carry the
+    same arg (not a comm seq) and annotations none."""
+    _, events = gloo[1]
+    tied = events[events["autograd_seq"] == 59].sort_values("start_ns")
+    assert tied["name"].tolist() == ["aten::mean", "autograd::engine::evaluate_function: "
+                                     "MeanBackward0", "MeanBackward0"]
+    assert (events.loc[events["name"] == "c10d::recv_", "autograd_seq"] >= 0).all()
+    annotations = events["task_type"] == "user_annotation"
+    assert (events.loc[annotations, "autograd_seq"] == schema.NO_INT).all()
+    assert (events.loc[events["name"].str.startswith("ProfilerStep"), "autograd_seq"]
+            == schema.NO_INT).all()
+
+
 def test_sniff_rank():
     for rank, rel in enumerate(GLOO):
         assert kineto.sniff_rank((REAL / rel).read_bytes()[:65536]) == rank

@@ -60,7 +60,10 @@ def test_ascend_pp2dp2_groups(real: Path, cache_dir: Path) -> None:
 def test_export_writes_the_public_schema(real: Path, tmp_path: Path, cache_dir: Path) -> None:
     trace = tracegraph.load(real / GLOO, cache_dir=cache_dir)
     written = trace.to_parquet(tmp_path / "out")
-    assert [p.name for p in written] == ["events.parquet", "groups.parquet", "ranks.parquet"]
+    assert [p.name for p in written] == ["events.parquet", "groups.parquet", "ranks.parquet",
+                                         "memory.parquet"]
+    memory = pq.read_table(tmp_path / "out" / "memory.parquet")
+    assert memory.schema.names == schema.MEMORY.names and memory.num_rows == 0  # none recorded
     events = pq.read_table(tmp_path / "out" / "events.parquet")
     assert events.schema.names == schema.EVENTS.names
     assert events.num_rows == len(trace.events)

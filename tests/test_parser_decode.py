@@ -19,12 +19,17 @@ def _parse(data: bytes) -> ParsedRank:
 
 
 def test_flow_events_decode_without_fields(real: Path) -> None:
+    """Flows and other unused phases decode to empty structs; instants (the `[memory]` events
+    among them) keep their fields."""
     trace = kineto._decode_doc((real / GLOO_RANK0).read_bytes())
     assert isinstance(trace, kineto._TaggedTrace)
     phases = {e.ph for e in trace.traceEvents}
-    assert {"X", "M"} <= phases
-    skipped = [e for e in trace.traceEvents if e.ph not in ("X", "M")]
+    assert {"X", "M", "i", "s", "f"} <= phases
+    skipped = [e for e in trace.traceEvents if e.ph not in ("X", "M", "i")]
     assert all(not msgspec.structs.fields(e) for e in skipped)
+    instants = [e for e in trace.traceEvents if e.ph == "i"]
+    assert [e.name for e in instants] == ["Iteration Start: PyTorch Profiler",
+                                          "Record Window End"]
 
 
 def test_unknown_phase_falls_back_to_the_plain_decoding(real: Path) -> None:

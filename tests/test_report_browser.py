@@ -66,9 +66,10 @@ def test_hover_shows_the_op(gloo_page) -> None:
         const gd = document.querySelector('.plotly-graph-div');
         const i = gd._fullData.findIndex(t => t.mode === 'markers' && t.name === 'p2p');
         const t = gd._fullData[i], xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis;
+        const top = () => gd.getBoundingClientRect().top + ya._offset + ya.l2p(t.y[0]);
+        window.scrollBy(0, top() - window.innerHeight / 2);  // sections above push it down
         const box = gd.getBoundingClientRect();
-        return {x: box.left + xa._offset + xa.l2p(t.x[0]), y: box.top + ya._offset + ya.l2p(t.y[0]),
-                text: t.hovertext[0]};
+        return {x: box.left + xa._offset + xa.l2p(t.x[0]), y: top(), text: t.hovertext[0]};
     }""")
     page.mouse.move(point["x"], point["y"])
     page.wait_for_selector(".hoverlayer .hovertext")
@@ -98,6 +99,28 @@ def test_npu_page_loads_without_errors(browser: BrowserContext, tmp_path: Path) 
     # README: 2 of 8 ranks, one step; 4 allreduces on device stream 4 of each.
     assert len(figures) == 1
     assert {"r0 · stream 4", "r1 · stream 4"} <= set(figures[0]["rows"])
+
+
+PIPELINES = """() => Array.from(document.querySelectorAll('.plotly-graph-div'))
+    .filter(gd => (gd.layout.title.text || '').startsWith('pipeline'))
+    .map(gd => ({title: gd.layout.title.text, rows: gd.layout.yaxis.categoryarray,
+                 labels: gd._fullData.flatMap(t => Array.from(t.text || []))}))"""
+
+
+@pytest.mark.parametrize("fmt", ["ascend", "kineto"])
+def test_seed_sample_draws_its_pipeline_from_the_trace(browser: BrowserContext, tmp_path: Path,
+                                                       fmt: str) -> None:
+    """The seed sample's report: a pipeline view per step recovered from op order (its ground
+    truth lies beside the bundle and is never read), 4 stages, chunk·microbatch labels."""
+    page, errors = open_report(browser, SAMPLES / "simulated" /
+                               f"hsdp-straggler-sync-{fmt}.tar.gz", tmp_path / "seed.html")
+    pipelines = page.evaluate(PIPELINES)
+    page.close()
+    assert errors == [] and len(pipelines) == 1  # the sample holds one step
+    seed = pipelines[0]
+    assert "(op order)" in seed["title"] and "(p=4, v=2, m=16)" in seed["title"]
+    assert [row.split(" · ")[1] for row in seed["rows"]] == [f"stage {s}" for s in (3, 2, 1, 0)]
+    assert {f"c{c}·{mb}" for c in (0, 1) for mb in range(16)} <= set(seed["labels"])
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in (SAMPLES / "simulated").glob("*.tar.gz")))

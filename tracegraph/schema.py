@@ -72,6 +72,8 @@ EVENTS = pa.schema(
         ("task_type", pa.string()),  # raw task type / category from the source
         ("step", pa.int32()),  # ProfilerStep number the event falls in, NO_INT if none
         ("annotation", pa.string()),  # innermost user annotation (e.g. "FWD mb=3"), "" if none
+        ("autograd_seq", pa.int64()),  # autograd sequence number: a forward op's, and the same on
+        # the backward op it created (Kineto `Sequence number`), NO_INT if none
     ]
 )
 
@@ -100,8 +102,31 @@ RANKS = pa.schema(
         ("clock_base_ns", pa.int64()),  # baseTimeNanoseconds or 0
         ("clock_offset_ns", pa.int64()),  # estimated offset to subtract to align ranks
         ("events", pa.int64()),
+        ("device_memory", pa.int64()),  # the device's memory capacity in bytes, NO_INT unknown
     ]
 )
+
+MEMORY = pa.schema(
+    [
+        ("rank", pa.int32()),
+        ("start_ns", pa.int64()),  # when the sample was taken, ns on the rank's own clock
+        ("allocated", pa.int64()),  # bytes held by live allocations of `component`, NO_INT unknown
+        ("reserved", pa.int64()),  # bytes `component` has reserved from the device, NO_INT unknown
+        ("active", pa.int64()),  # bytes in active blocks (Ascend "Total Active"), NO_INT unknown
+        ("bytes", pa.int64()),  # what this event changed: + allocation, − release; NO_INT: a sample
+        ("component", pa.string()),  # who holds it: "PTA", "PTA+GE", "APP", "GE", "allocator", ...
+        ("device", pa.string()),  # "npu:0", "cuda:0", "cpu"
+        ("name", pa.string()),  # the operator that allocated (operator_memory), else ""
+        ("source", pa.string()),  # one of MEMORY_SOURCES: the table / event it was read from
+    ]
+)
+MEMORY_SOURCES = ("kineto", "memory_record", "operator_memory", "npu_module_mem")
+"""Where memory rows come from: Kineto `[memory]` instant events; Ascend `memory_record.csv`,
+`operator_memory.csv` and `npu_module_mem.csv` (the `.db` tables MEMORY_RECORD, OP_MEMORY and
+NPU_MODULE_MEM hold the same columns and map onto the same sources)."""
+FRAMEWORK_COMPONENTS = ("PTA+GE", "PTA", "MindSpore+GE", "MindSpore", "allocator", "GE")
+"""Components that are the training framework's device allocator, best first: a rank's peak
+memory is read from the first of them its rows hold."""
 
 STRING_DEFAULTS = {f.name: "" for f in EVENTS if pa.types.is_string(f.type)}
 INT_DEFAULTS = {
@@ -126,14 +151,28 @@ def in_memory(table: pa.Table) -> pa.Table:
     return table if table.schema.equals(IN_MEMORY_EVENTS) else table.cast(IN_MEMORY_EVENTS)
 
 
+def empty_memory() -> pa.Table:
+    """A memory table with no rows and the full schema."""
+    return MEMORY.empty_table()
+
+
+def memory_table(columns: dict[str, object], rows: int) -> pa.Table:
+    """Build a memory table from column arrays, filling absent columns with their defaults."""
+    return _table(MEMORY, columns, rows)
+
+
 def events_table(columns: dict[str, object], rows: int) -> pa.Table:
     """Build an events table from column arrays, filling absent columns with their defaults."""
+    return _table(EVENTS, columns, rows)
+
+
+def _table(table_schema: pa.Schema, columns: dict[str, object], rows: int) -> pa.Table:
     arrays = []
-    for field in EVENTS:
+    for field in table_schema:
         values = columns.get(field.name)
         if values is None:
             default = "" if pa.types.is_string(field.type) else NO_INT
             values = pa.repeat(pa.scalar(default, field.type), rows)
         arrays.append(pa.array(values, type=field.type) if not isinstance(values, pa.Array)
                       else values.cast(field.type))
-    return pa.Table.from_arrays(arrays, schema=EVENTS)
+    return pa.Table.from_arrays(arrays, schema=table_schema)

@@ -22,6 +22,7 @@ from tracegraph.loading.trace import Trace
 from tracegraph.progress import Progress
 
 PROGRESS_EVENTS = 1_000_000  # analyses of more events than this show a progress bar
+NS_PER_MS = 1e6
 
 
 @dataclass
@@ -47,6 +48,18 @@ class Analysis:
         if len(self.steps):
             return int(self.steps["start"].min())
         return int(self.start.min()) if len(self.start) else 0
+
+    def step_table(self) -> pd.DataFrame:
+        """rank, step, start, end (aligned ns), ms: the ProfilerStep windows, else each rank's
+        whole span as step -1."""
+        steps = self.steps[["rank", "step", "start", "end"]]
+        if not len(steps) and len(self.ops):
+            start, end = self.start, self.end
+            spans = pd.DataFrame({"rank": self.ops.frame["rank"], "start": start, "end": end})
+            steps = spans.groupby("rank", as_index=False).agg(start=("start", "min"),
+                                                              end=("end", "max"))
+            steps.insert(1, "step", -1)
+        return steps.assign(ms=(steps["end"] - steps["start"]) / NS_PER_MS).reset_index(drop=True)
 
     def blame(self, step: int | None = None) -> dict[str, float]:
         """ms of bubble charged to each category (all steps, or one)."""

@@ -10,8 +10,10 @@ from tracegraph.whatif.ceilings import gain_ceilings
 NS_PER_MS = 1e6
 
 
-def summarize(analysis: Analysis, *, step: int | None = None, top: int = 10) -> dict[str, object]:
-    """Steps, bubbles (the `top` longest, all when top <= 0), blame, critical path, clocks."""
+def summarize(analysis: Analysis, *, step: int | None = None, top: int = 10,
+              findings: list | None = None, pipeline=None) -> dict[str, object]:
+    """Steps, bubbles (the `top` longest, all when top <= 0), blame, critical path, clocks, and
+    `findings` (tracegraph.analysis.findings) and the recovered `pipeline` when given."""
     origin = analysis.origin
     bubbles = [b for b in analysis.bubbles if step is None or b.step == step]
     shown = bubbles if top <= 0 else bubbles[:top]
@@ -29,6 +31,8 @@ def summarize(analysis: Analysis, *, step: int | None = None, top: int = 10) -> 
         "slow_ranks": sorted(analysis.slow_ranks),
         "gain_ceilings": gain_ceilings(analysis),
         "warnings": analysis.warnings,
+        **({"findings": [f.as_dict() for f in findings]} if findings is not None else {}),
+        **({"pipeline": pipeline.as_dict(step)} if pipeline is not None else {}),
     }
 
 

@@ -32,9 +32,13 @@ def analyze_command(
         "--inventory-only", help="Only list what the bundle holds; no analysis.")] = False,
 ) -> None:
     """Read every rank's profile, then explain each step's bubbles down to their root causes."""
+    from reports.findings import print_findings
+    from reports.pipeline import pipeline_lines
     from reports.terminal import print_analysis
     from reports.whatif import print_ceilings
     from tracegraph.analysis.analyze import analyze as run_analysis
+    from tracegraph.analysis.findings import find_all
+    from tracegraph.analysis.pipeline import recover
     from tracegraph.analysis.summary import summarize
     from tracegraph.loading.inventory import inventory
 
@@ -45,7 +49,9 @@ def analyze_command(
     summary = inventory(trace)
     if analysis is not None:
         _check_step(bundle, analysis, step)
-        summary |= summarize(analysis, step=step, top=top)
+        pipeline = recover(analysis)
+        summary |= summarize(analysis, step=step, top=top, findings=find_all(analysis, pipeline),
+                             pipeline=pipeline)
         summary["warnings"] = trace.warnings + analysis.warnings
     if as_json:
         print(json.dumps(summary, indent=2))
@@ -55,6 +61,9 @@ def analyze_command(
         for warning in analysis.warnings:
             warn(warning)
         print_analysis(out, summary, analysis)
+        print_findings(out, summary["findings"])
+        for line in pipeline_lines(summary.get("pipeline")):
+            out.print(line, highlight=False, markup=False)
         print_ceilings(out, summary["gain_ceilings"])
 
 

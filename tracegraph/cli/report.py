@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from tracegraph.cli.common import err, friendly_errors, load_bundle, out
+from tracegraph.cli.common import friendly_errors, load_bundle, out
 
 
 def report_command(
@@ -24,42 +23,26 @@ def report_command(
     rank_map: Annotated[Path | None, typer.Option(
         help='JSON file mapping a profile (path or file name) to its rank: {"a.json": 3}.')
     ] = None,
-    truth: Annotated[Path | None, typer.Option(
-        help="A simulated bundle's ground_truth.json, for the exact pipeline schedule "
-             "(default: NAME.ground_truth.json beside a NAME.tar.gz bundle).")] = None,
 ) -> None:
-    """Write one HTML file (works offline): waterfall per step, top causes, pipeline view."""
+    """Write one HTML file (works offline): waterfall per step, findings, top causes, and the
+    pipeline view recovered from the trace itself (never from a simulation's ground truth)."""
 
     friendly_errors(_report)(bundle, output, step, top, threshold_ms, cache_dir, no_cache, jobs,
-                             rank_map, truth or _beside(bundle))
-
-
-def _beside(bundle: Path) -> Path | None:
-    """NAME.ground_truth.json next to a NAME.tar.gz / .tgz / .zip, if there is one."""
-    stem = re.sub(r"\.(tar\.gz|tgz|zip)$", "", bundle.name)
-    path = bundle.with_name(f"{stem}.ground_truth.json")
-    return path if stem != bundle.name and path.is_file() else None
+                             rank_map)
 
 
 def _report(bundle: Path, output: Path, step: int | None, top: int, threshold_ms: float,
-            cache_dir: Path | None, no_cache: bool, jobs: int | None, rank_map: Path | None,
-            truth: Path | None) -> None:
+            cache_dir: Path | None, no_cache: bool, jobs: int | None, rank_map: Path | None
+            ) -> None:
     from parsers.base import TraceError
     from reports.html import write_report
     from tracegraph.analysis.analyze import analyze
     from tracegraph.analysis.pipeline import recover
-    from tracegraph.simulate.truth_pipeline import from_timeline, timeline_from_truth
 
     trace = load_bundle(bundle, cache_dir, no_cache, jobs, rank_map)
     analysis = analyze(trace, threshold_ms=threshold_ms)
-    timeline = timeline_from_truth(truth) if truth else None
-    if truth and timeline is None:
-        err.print(f"[yellow]warning:[/yellow] {truth}: the simulation does not reproduce its "
-                  "steps; pipeline recovered from the trace instead", highlight=False)
     try:
-        known = from_timeline(analysis, timeline) if timeline is not None else None
-        path = write_report(analysis, output, step=step, top=top,
-                            pipeline=recover(analysis, known))
+        path = write_report(analysis, output, step=step, top=top, pipeline=recover(analysis))
     except ValueError as error:
         raise TraceError(f"{bundle}: {error}") from None
     size = path.stat().st_size / 2**20

@@ -22,7 +22,8 @@ DEVICE_KINDS = (schema.COMPUTE, schema.WAIT, schema.RECORD, schema.MEMCPY, schem
 COMM_KINDS = (schema.COLLECTIVE, schema.P2P)
 BLOCKING_KINDS = (schema.WAIT, schema.COLLECTIVE, schema.P2P)
 COLUMNS = ["event", "rank", "lane", "kind", "comm", "name", "group", "peer", "seq", "start",
-           "end", "stream", "correlation", "event_id", "wait_on_stream", "step", "annotation"]
+           "end", "stream", "correlation", "event_id", "wait_on_stream", "step", "annotation",
+           "autograd_seq"]
 _SOURCE_COLUMNS = {*COLUMNS, "start_ns", "dur_ns", "lane_kind"}
 STRING_COLUMNS = ("lane", "kind", "comm", "name", "group", "annotation")
 

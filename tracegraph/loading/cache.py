@@ -23,9 +23,10 @@ from platformdirs import user_cache_dir
 from parsers.base import GroupInfo, ParsedRank
 from tracegraph import schema
 
-CACHE_VERSION = "4"
+CACHE_VERSION = "6"
 """Bump when a parser's output or the entry layout changes, so stale entries are not reused."""
 EVENTS_FILE = "events.arrow"
+MEMORY_FILE = "memory.arrow"
 
 
 def default_cache_dir() -> Path:
@@ -45,6 +46,7 @@ def load_cached(cache_dir: Path, key: str) -> ParsedRank | None:
     try:
         meta = json.loads((entry / "meta.json").read_text())
         events = read_events(entry / EVENTS_FILE)
+        memory = _read_memory(entry / MEMORY_FILE)
     except (OSError, ValueError, pa.ArrowException):
         return None
     return ParsedRank(
@@ -53,7 +55,16 @@ def load_cached(cache_dir: Path, key: str) -> ParsedRank | None:
         groups=[GroupInfo(**{**g, "ranks": tuple(g["ranks"])}) for g in meta["groups"]],
         meta=meta["meta"],
         warnings=meta["warnings"],
+        memory=memory,
     )
+
+
+def _read_memory(path: Path) -> pa.Table | None:
+    """An entry's memory table, None when the rank had none (no file)."""
+    if not path.exists():
+        return None
+    with pa.memory_map(str(path)) as source:
+        return pa.ipc.open_file(source).read_all()
 
 
 def read_events(path: Path) -> pa.Table:
@@ -72,6 +83,8 @@ def store(cache_dir: Path, key: str, parsed: ParsedRank, events_file: Path | Non
     tmp.mkdir(parents=True, exist_ok=True)
     if events_file is None or not _moved(events_file, tmp / EVENTS_FILE):
         write_events(parsed.events, tmp / EVENTS_FILE)
+    if parsed.memory is not None:
+        _write(parsed.memory, tmp / MEMORY_FILE)
     meta = {
         "rank": parsed.rank,
         "groups": [asdict(g) for g in parsed.groups],
@@ -97,6 +110,9 @@ def _moved(source: Path, target: Path) -> bool:
 
 def write_events(table: pa.Table, path: Path) -> None:
     """Write an events table as an entry's (uncompressed Arrow IPC file, in-memory layout)."""
-    table = schema.in_memory(table)
+    _write(schema.in_memory(table), path)
+
+
+def _write(table: pa.Table, path: Path) -> None:
     with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
         writer.write_table(table)

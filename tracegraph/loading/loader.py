@@ -214,6 +214,7 @@ def _merge(source: Path, parsed: list[tuple[RankFiles, ParsedRank]],
     warnings.extend(settle([r for _, r in parsed]))
     ranks = pd.DataFrame([_rank_row(p, r) for p, r in parsed], columns=schema.RANKS.names)
     world = _world_size(parsed, warnings)
+    memory = _concat_memory(parsed)
     events = _concat_events(parsed)
     groups: list[GroupInfo] = [g for _, r in parsed for g in r.groups]
     group_frame, group_warnings = groups_frame(groups, events, world)
@@ -221,8 +222,9 @@ def _merge(source: Path, parsed: list[tuple[RankFiles, ParsedRank]],
     warnings.extend(absent_ranks(group_frame, set(seen), world))
     return Trace(source=source, events=_to_pandas(events), groups=group_frame,
                  ranks=ranks.astype({"rank": "int32", "world_size": "int32", "events": "int64",
-                                     "clock_base_ns": "int64", "clock_offset_ns": "int64"}),
-                 warnings=warnings)
+                                     "clock_base_ns": "int64", "clock_offset_ns": "int64",
+                                     "device_memory": "int64"}),
+                 warnings=warnings, memory=memory)
 
 
 def _world_size(parsed: list[tuple[RankFiles, ParsedRank]], warnings: list[str]) -> int:
@@ -241,6 +243,14 @@ def _concat_events(parsed: list[tuple[RankFiles, ParsedRank]]) -> pa.Table:
     for _, rank in parsed:
         rank.events = None  # type: ignore[assignment]  # merged: the Trace holds the rows
     return pa.concat_tables(tables) if tables else schema.in_memory(schema.empty_events())
+
+
+def _concat_memory(parsed: list[tuple[RankFiles, ParsedRank]]) -> pd.DataFrame:
+    """Every rank's memory rows (schema.MEMORY), the rank set to the profile's (mapped) one."""
+    tables = [_rank_column(r.memory, r.rank) for _, r in parsed
+              if r.memory is not None and r.memory.num_rows]
+    table = pa.concat_tables(tables) if tables else schema.empty_memory()
+    return table.to_pandas(types_mapper=_arrow_strings)
 
 
 def _to_pandas(events: pa.Table) -> pd.DataFrame:
@@ -269,6 +279,7 @@ def _rank_row(profile: RankFiles, parsed: ParsedRank) -> dict[str, object]:
         "clock_base_ns": int(meta.get("clock_base_ns") or 0),
         "clock_offset_ns": 0,
         "events": parsed.events.num_rows,
+        "device_memory": int(meta.get("device_memory") or schema.NO_INT),
     }
 
 

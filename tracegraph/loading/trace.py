@@ -14,13 +14,15 @@ from tracegraph import schema
 
 @dataclass
 class Trace:
-    """A loaded bundle: `events`, `groups` and `ranks` as pandas DataFrames (schema.py columns)."""
+    """A loaded bundle: `events`, `groups`, `ranks` and `memory` as pandas DataFrames (schema.py
+    columns; `memory` has no rows when no profile recorded memory)."""
 
     source: Path
     events: pd.DataFrame
     groups: pd.DataFrame
     ranks: pd.DataFrame
     warnings: list[str] = field(default_factory=list)
+    memory: pd.DataFrame = field(default_factory=lambda: schema.empty_memory().to_pandas())
 
     @property
     def rank_ids(self) -> list[int]:
@@ -33,13 +35,15 @@ class Trace:
                 for g, ranks in zip(self.groups["group"], self.groups["ranks"], strict=True)}
 
     def to_parquet(self, out_dir: Path) -> list[Path]:
-        """Write `events.parquet`, `groups.parquet` and `ranks.parquet` (the public schema)."""
+        """Write `events.parquet`, `groups.parquet`, `ranks.parquet` and `memory.parquet` (the
+        public schema)."""
         out_dir.mkdir(parents=True, exist_ok=True)
         written = []
         for name, frame, arrow_schema in (
             ("events", self.events, schema.EVENTS),
             ("groups", self.groups, schema.GROUPS),
             ("ranks", self.ranks, schema.RANKS),
+            ("memory", self.memory, schema.MEMORY),
         ):
             path = out_dir / f"{name}.parquet"
             table = pa.Table.from_pandas(frame, schema=arrow_schema, preserve_index=False)

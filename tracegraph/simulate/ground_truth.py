@@ -15,6 +15,7 @@ from collections import defaultdict
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
+import pandas as pd
 
 from tracegraph.causes import (
     COMPUTE_STRAGGLER,
@@ -27,8 +28,6 @@ from tracegraph.causes import (
 from tracegraph.schema import COLLECTIVE, COMPUTE, MEMCPY, P2P, RECORD, WAIT
 
 if TYPE_CHECKING:
-    import pandas as pd
-
     from tracegraph.simulate.model import Job, Op
     from tracegraph.simulate.timeline import Timeline
 
@@ -66,7 +65,79 @@ def build(job: Job, timeline: Timeline) -> dict[str, object]:
         "causes": causes(job),
         "bubbles": bubbles,
         "op_counts": op_counts(timeline.ops),
+        "overlap": overlap(timeline, {g: info.desc for g, info in job.groups.items()}),
+        "serialized": [{"rank": r, "streams": list(s)} for r, s in sorted(job.eng.serial.items())],
+        "memory": memory(job, timeline),
     }
+
+
+def overlap(timeline: Timeline, dims: dict[str, str]) -> dict[str, dict[str, dict[str, float]]]:
+    """rank -> group kind -> comm_ms and exposed_ms (summed over the steps): the time the rank's
+    communication of that kind was in flight within its steps, and the part of it during which
+    its compute stream was not computing."""
+    ops, out = timeline.ops, {}
+    comm = ops[ops["kind"].isin((COLLECTIVE, P2P))]
+    work = ops[(ops["kind"] == COMPUTE) & (ops["stream"] == timeline.compute_stream)]
+    for span in timeline.steps:
+        busy = _intervals(work[work["rank"] == span.rank], span)
+        mine = comm[comm["rank"] == span.rank]
+        for dim, part in mine.groupby(mine["group"].map(dims).fillna("")):
+            flight = _intervals(part, span)
+            total = sum(b - a for a, b in flight)
+            hidden = _covered(flight, busy)
+            entry = out.setdefault(str(span.rank), {}).setdefault(
+                str(dim), {"comm_ms": 0.0, "exposed_ms": 0.0})
+            entry["comm_ms"] += total / MS
+            entry["exposed_ms"] += (total - hidden) / MS
+    return out
+
+
+def _covered(flight: list[tuple[int, int]], busy: list[tuple[int, int]]) -> int:
+    """Length of the intersection of two sorted lists of disjoint intervals, in one sweep
+    (all pairs took seconds on a large scenario's kernels)."""
+    total, first = 0, 0
+    for a, b in flight:
+        while first < len(busy) and busy[first][1] <= a:
+            first += 1
+        k = first
+        while k < len(busy) and busy[k][0] < b:
+            total += min(b, busy[k][1]) - max(a, busy[k][0])
+            k += 1
+    return total
+
+
+def _intervals(ops: pd.DataFrame, span) -> list[tuple[int, int]]:
+    """The ops' [start, end) clipped to the step span and merged, sorted."""
+    start = np.clip(ops["start_ns"].to_numpy(np.int64), span.start_ns, span.end_ns)
+    end = np.clip((ops["start_ns"] + ops["dur_ns"]).to_numpy(np.int64), span.start_ns,
+                  span.end_ns)
+    keep = end > start
+    if not keep.any():
+        return []
+    order = np.argsort(start[keep], kind="stable")
+    start, end = start[keep][order], np.maximum.accumulate(end[keep][order])
+    new = np.ones(len(start), dtype=bool)
+    new[1:] = start[1:] > end[:-1]  # a gap before it: a new merged interval
+    last = np.append(np.flatnonzero(new)[1:] - 1, len(start) - 1)
+    return list(zip(start[new].tolist(), end[last].tolist(), strict=True))
+
+
+def memory(job: Job, timeline: Timeline) -> dict[str, dict[str, object]]:
+    """rank -> its stage, peak and baseline allocated bytes, the activations at the peak and the
+    microbatches in flight then; {} without a memory profile."""
+    if timeline.memory is None:
+        return {}
+    out = {}
+    stage = {p.rank: p.stage for p in job.places}
+    for rank, rows in timeline.memory.groupby("rank"):
+        allocated = rows["allocated"].to_numpy()
+        in_flight = np.cumsum(np.sign(rows["bytes"].to_numpy())[1:])
+        out[str(int(rank))] = {"stage": stage[int(rank)], "peak_bytes": int(allocated.max()),
+                               "baseline_bytes": int(allocated[0]),
+                               "activation_bytes": int(allocated.max() - allocated[0]),
+                               "peak_in_flight": int(in_flight.max()) if len(in_flight) else 0,
+                               "capacity_bytes": int(job.sc.device_gib * 2**30)}
+    return out
 
 
 def find_bubbles(lane: list[Op], threshold: int) -> list[tuple[str, Op, int, int]]:

@@ -24,12 +24,14 @@ from parsers.base import GroupInfo
 from parsers.classify import double_hash
 from tracegraph.schema import COLLECTIVE, COMPUTE, MEMCPY, P2P, RECORD, WAIT
 from tracegraph.simulate import schedule as sch
-from tracegraph.simulate.timeline import TIMELINE_COLUMNS, StepSpan, Timeline
+from tracegraph.simulate.timeline import RANGE_COLUMNS, TIMELINE_COLUMNS, StepSpan, Timeline
 
 if TYPE_CHECKING:
     from tracegraph.simulate.scenarios import Scenario
 
 MS = 1_000_000
+MIB = 1 << 20
+SEGMENT = 2 * MIB  # the caching allocator reserves device memory in 2 MiB segments
 TICK_NS = 20  # an EVENT_RECORD, or an EVENT_WAIT whose record had already executed
 WORD = {sch.FWD: "FWD", sch.BWD: "BWD"}
 INT_FIELDS = {"rank": "rank", "stream": "stream", "start_ns": "start", "peer": "peer", "seq": "seq",
@@ -256,6 +258,7 @@ class Job:
         self.groups: dict[str, GroupInfo] = {}
         self.stragglers: dict[str, int] = {}  # HSDP group -> its straggling unprofiled member
         self._arrivals: dict[tuple[str, int], tuple[int, int] | None] = {}
+        self.allocations: list[tuple[Op, int]] = []  # (op whose launch it follows, +/- bytes)
         self.origin_ns = sc.epoch_ns
         total = sc.ranks or sc.pp * sc.ep
         if total % (sc.pp * sc.ep):
@@ -490,6 +493,7 @@ class Job:
         all-to-all overlaps the other action's next segment (combined 1F1B)."""
         lists = [self._tokens(act) for act in unit]
         ptr = [0] * len(lists)
+        ops: list[list[Op]] = [[] for _ in unit]  # each action's compute ops
         pending: list[tuple[int, str] | None] = [None] * len(lists)  # (done event, a2a tag)
         for k, act in enumerate(unit):
             self._launch_a2as(ctx, act, lists[k], ptr, pending, k)
@@ -499,11 +503,20 @@ class Job:
                     continue
                 self._await(ctx, act, pending, k)
                 _, pattern, ms = lists[k][ptr[k]]
-                self._compute(ctx, act, pattern, ms, WORD[act.phase])
+                ops[k].append(self._compute(ctx, act, pattern, ms, WORD[act.phase]))
                 ptr[k] += 1
                 self._launch_a2as(ctx, act, lists[k], ptr, pending, k)
         for k, act in enumerate(unit):
             self._await(ctx, act, pending, k)
+            self._allocate(act, ops[k])
+
+    def _allocate(self, act: sch.Action, ops: list[Op]) -> None:
+        """A forward keeps its chunk's activations (allocated as its first kernel is launched)
+        until the backward of the same microbatch releases them (after its last launch)."""
+        if not self.sc.memory or not ops:
+            return
+        size = int(self.sc.act_mib_per_layer * self.layers[act.chunk] * MIB)
+        self.allocations.append((ops[0], size) if act.phase == sch.FWD else (ops[-1], -size))
 
     def _launch_a2as(self, ctx: _Ctx, act: sch.Action, tokens: list, ptr: list, pending: list,
                      k: int) -> None:
@@ -557,8 +570,30 @@ class Job:
         params = {**dataclasses.asdict(sc), "seed": self.seed}
         timeline = Timeline(scenario=sc.name, params=params, ops=self._frame(),
                             groups=self.groups, steps=self._steps(), clock_offset_ns=self._clocks(),
-                            compute_stream=sc.compute_stream)
+                            compute_stream=sc.compute_stream, memory=self._memory())
+        timeline.ranges = framework_ranges(timeline.ops) if sc.annotate else None
         return timeline
+
+    def _memory(self) -> pd.DataFrame | None:
+        """The allocator's totals after every allocation and release (None without memory):
+        each rank holds `base_mib` plus its layers' static state from its first launch; reserved
+        memory is the peak allocated so far, rounded up to the allocator's 2 MiB segments."""
+        if not self.sc.memory:
+            return None
+        sc, rows = self.sc, []
+        chunks = {p.rank: [c for c in range(self.chunks) if c % sc.pp == p.stage]
+                  for p in self.places}
+        for rank, ops in self.eng.host.items():
+            static = sc.base_mib + sc.static_mib_per_layer * sum(
+                self.layers[c] for c in chunks[rank])
+            rows.append((rank, ops[0].launch - ops[0].host_ns, int(static * MIB)))
+        rows += [(op.rank, op.launch, size) for op, size in self.allocations]
+        frame = pd.DataFrame(rows, columns=["rank", "time_ns", "bytes"])
+        frame = frame.sort_values(["rank", "time_ns"], kind="stable", ignore_index=True)
+        frame["allocated"] = frame.groupby("rank")["bytes"].cumsum()
+        peak = frame.groupby("rank")["allocated"].cummax()
+        frame["reserved"] = -(-peak // SEGMENT) * SEGMENT
+        return frame
 
     def _steps(self) -> list[StepSpan]:
         spans: dict[tuple[int, int], list[int]] = {}
@@ -584,6 +619,23 @@ class Job:
         strs = {col: [getattr(o, col) for o in ops] for col in STR_FIELDS}
         layers = np.array([self.layers[o.chunk] if o.chunk >= 0 else 1 for o in ops])
         return expand(ints, strs, [o.pattern for o in ops], layers, self.sc)
+
+
+def framework_ranges(ops: pd.DataFrame) -> pd.DataFrame:
+    """RANGE_COLUMNS: one range per forward / backward action (its input copy included): on
+    the host from the launch before its first one in the step to its last launch (the host
+    launches an op at the end of its call), on the device over its kernels."""
+    ops = ops.sort_values(["rank", "launch_ns"], kind="stable")
+    previous = ops.groupby(["rank", "step"])["launch_ns"].shift(1)
+    ops = ops.assign(after=previous.fillna(ops["launch_ns"] - 1).astype("int64") + 1,
+                     end_ns=ops["start_ns"] + ops["dur_ns"])
+    work = ops[(ops["microbatch"] >= 0) & ops["kind"].isin([COMPUTE, MEMCPY])]
+    work = work.assign(phase=work["phase"].where(work["kind"] == COMPUTE, sch.FWD))
+    spans = work.groupby(["rank", "step", "phase", "chunk", "microbatch"], as_index=False).agg(
+        host_start_ns=("after", "min"), host_end_ns=("launch_ns", "max"),
+        start_ns=("start_ns", "min"), end_ns=("end_ns", "max"))
+    return spans.sort_values(["rank", "start_ns"])[list(RANGE_COLUMNS)].astype(
+        RANGE_COLUMNS).reset_index(drop=True)
 
 
 # --- kernel names and the vectorized kernel expansion -----------------------------------------

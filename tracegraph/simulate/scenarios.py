@@ -62,6 +62,12 @@ class Scenario:
     serialize: bool = False  # compute and EP streams share one hardware queue
     late_rank: int = -1
     late_factor: float = 1.0  # expert MLP slowdown of late_rank (token imbalance)
+    # --- memory (profile_memory=True): the allocator's totals after each allocation / release
+    memory: bool = False
+    base_mib: float = 1024.0  # context and workspaces, held from the first launch
+    static_mib_per_layer: float = 600.0  # weights, gradients and optimizer state of one layer
+    act_mib_per_layer: float = 90.0  # activations a microbatch keeps per layer until its B
+    device_gib: float = 64.0  # the device's memory capacity
     # --- host, clocks, output
     launch_us: float = 2.0  # host time per launched kernel / op
     step_gap_us: float = 300.0  # host time between device idle and the next step's first launch
@@ -70,6 +76,7 @@ class Scenario:
     kernels_per_chunk: int = 24
     kernel_gap_ns: int = 1500
     flavor: str = "ascend"  # kernel and comm names: ascend | cuda
+    annotate: bool = False  # the framework's FWD/BWD ranges (`FWD mb=3 chunk=1`) in the trace
     compute_stream: int = 47
     pp_streams: tuple[int, int] = (49, 50)  # edge to the next stage, edge to the previous one
     hsdp_stream: int = 51
@@ -125,6 +132,11 @@ EP_A2A_SERIALIZED = dataclasses.replace(
     description="the same MoE job with compute and all-to-all on one hardware queue "
                 "(CUDA_DEVICE_MAX_CONNECTIONS=1 style): every all-to-all runs alone")
 
+SERIALIZED_STREAMS = dataclasses.replace(
+    EP_A2A_OVERLAP, name="serialized-streams", serialize=True, late_rank=-1, late_factor=1.0,
+    description="MoE PP2 x EP4 with combined 1F1B, compute and all-to-all streams on one hardware "
+                "queue (CUDA_DEVICE_MAX_CONNECTIONS=1): the overlap silently disappears")
+
 PP_COMPUTE_STRAGGLER = Scenario(
     name="pp-compute-straggler",
     description="PP4 1F1B, 8 microbatches; rank 2 (stage 2) computes 1.3x slower",
@@ -134,6 +146,25 @@ PP_COMPUTE_STRAGGLER = Scenario(
 PP_COMPUTE_HEALTHY = dataclasses.replace(
     PP_COMPUTE_STRAGGLER, name="pp-compute-healthy", slow_rank=-1, slow_factor=1.0,
     description="the same PP4 job without the straggler: what fixing rank 2 would give")
+
+PP_MEMORY = Scenario(
+    name="pp-memory",
+    description="PP4 1F1B, 8 microbatches, profile_memory: stage r keeps p - r microbatches of "
+                "activations at its peak, so memory falls from the first stage to the last",
+    pp=4, microbatches=8, num_layers=32, memory=True, device_gib=24.0,
+)
+
+VPP = Scenario(
+    name="vpp",
+    description="PP4 x VPP2 interleaved 1F1B, 16 microbatches, profile_memory, no annotations: "
+                "the schedule must be recovered from P2P and op order alone",
+    pp=4, vpp=2, microbatches=16, num_layers=32, f_ms=2.0, b_ms=4.0, memory=True,
+)
+
+VPP_ANNOTATED = dataclasses.replace(
+    VPP, name="vpp-annotated", annotate=True,
+    description="the same interleaved job with the framework's FWD/BWD ranges (`FWD mb=3 "
+                "chunk=1`) around every microbatch")
 
 LARGE = Scenario(
     name="large",
@@ -145,7 +176,8 @@ LARGE = Scenario(
 
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     HSDP_STRAGGLER_SYNC, HSDP_STRAGGLER_ASYNC, EP_A2A_OVERLAP, EP_A2A_SERIALIZED,
-    PP_COMPUTE_STRAGGLER, PP_COMPUTE_HEALTHY, LARGE)}
+    SERIALIZED_STREAMS, PP_COMPUTE_STRAGGLER, PP_COMPUTE_HEALTHY, PP_MEMORY, VPP, VPP_ANNOTATED,
+    LARGE)}
 
 
 def scenario(name: str, **overrides: object) -> Scenario:

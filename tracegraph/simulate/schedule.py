@@ -13,15 +13,7 @@ import heapq
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
-FWD, BWD = "F", "B"
-
-
-class Action(NamedTuple):
-    """One scheduler step on one stage: the forward or backward of one microbatch on one chunk."""
-
-    phase: str  # FWD | BWD
-    chunk: int  # global virtual stage
-    microbatch: int
+from tracegraph.analysis.schedules import BWD, FWD, Action, actions  # noqa: F401 - re-exported
 
 
 class Message(NamedTuple):
@@ -33,25 +25,6 @@ class Message(NamedTuple):
 
 
 Unit = tuple[Action, ...]
-
-
-def actions(p: int, v: int, m: int, stage: int, extra_warmup: int = 0) -> list[Action]:
-    """Megatron's (interleaved) 1F1B order for `stage`; `extra_warmup` shifts the steady pairs."""
-    if v > 1 and m % p:
-        raise ValueError(f"interleaved 1F1B needs microbatches ({m}) divisible by pp ({p})")
-    total = m * v
-    base = (p - stage - 1) * 2 + (v - 1) * p if v > 1 else p - stage - 1
-    warmup = min(base + extra_warmup, total)
-
-    def pick(k: int, phase: str) -> Action:
-        local = (k % (p * v)) // p
-        local = local if phase == FWD else v - 1 - local
-        return Action(phase, local * p + stage, (k // (p * v)) * p + k % p)
-
-    seq = [pick(k, FWD) for k in range(warmup)]
-    for i in range(total - warmup):
-        seq += [pick(warmup + i, FWD), pick(i, BWD)]
-    return seq + [pick(k, BWD) for k in range(max(total - warmup, 0), total)]
 
 
 def units(seq: Sequence[Action], combine: bool) -> list[Unit]:

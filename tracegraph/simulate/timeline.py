@@ -40,6 +40,26 @@ TIMELINE_COLUMNS = {
 }
 
 
+RANGE_COLUMNS = {
+    "rank": "int32",
+    "phase": "string",  # F | B: the framework names its range (forward_step, mstx "forward")
+    "host_start_ns": "int64",  # the range on the host: around the launches of its work
+    "host_end_ns": "int64",
+    "start_ns": "int64",  # the work it launched on the device (true clock)
+    "end_ns": "int64",
+}
+"""The ranges a framework opens around each forward and backward (scenario `annotate`): what
+its profiler shows, without microbatch or chunk, as real frameworks write them."""
+
+MEMORY_COLUMNS = {
+    "rank": "int32",
+    "time_ns": "int64",  # when the host allocated / released (true clock)
+    "bytes": "int64",  # + allocation, − release
+    "allocated": "int64",  # the allocator's total allocated bytes after it
+    "reserved": "int64",  # ... and its reserved bytes
+}
+
+
 @dataclass
 class StepSpan:
     """One ProfilerStep#N on one rank, on the true clock."""
@@ -61,6 +81,8 @@ class Timeline:
     steps: list[StepSpan]
     clock_offset_ns: dict[int, int]  # rank -> offset the rank's clock runs ahead of true time
     compute_stream: int = 47  # the main compute stream id
+    memory: pd.DataFrame | None = None  # MEMORY_COLUMNS: the allocator's totals, None: unprofiled
+    ranges: pd.DataFrame | None = None  # RANGE_COLUMNS: the framework's ranges, None: none
     ground_truth: dict[str, object] = field(default_factory=dict)  # see ground_truth.json
 
     @property

@@ -1,7 +1,8 @@
-"""The pipeline schedule a simulated bundle really ran, from its ground truth, for the report.
+"""The pipeline schedule a simulated bundle really ran, from its ground truth: what tests hold
+the recovered pipeline to.
 
-Real users never have this: the analysis recovers the pipeline from the trace itself
-(`tracegraph.analysis.pipeline`); a simulated bundle can show the exact schedule beside it.
+Real users never have this: the analysis and the report recover the pipeline from the trace
+itself (`tracegraph.analysis.pipeline`).
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ def _tuples(value: object) -> object:
 
 
 def from_timeline(analysis, timeline) -> Pipeline | None:
-    """Blocks from a simulated Timeline's schedule facts, on the analysis's aligned clock."""
+    """Blocks from a simulated Timeline's schedule facts, on the analysis's aligned clock; its
+    global virtual stages become each stage's model chunks (0..v-1), as recovery numbers them."""
     ops = timeline.ops[timeline.ops["phase"].isin([F, B, W]) & (timeline.ops["microbatch"] >= 0)]
     if ops.empty:
         return None
@@ -46,5 +48,6 @@ def from_timeline(analysis, timeline) -> Pipeline | None:
     blocks = ops.groupby(["step", "rank", "chunk", "microbatch", "phase"], as_index=False).agg(
         start=("start", "min"), end=("end", "max"), work=("work", "sum"))
     first_chunk = blocks.groupby("rank")["chunk"].min()
-    return staged(analysis, blocks, "ground truth",
-                   {int(r): int(c) for r, c in first_chunk.items()})
+    model_chunk = blocks.groupby("rank")["chunk"].rank(method="dense").astype("int64") - 1
+    return staged(analysis, blocks.assign(chunk=model_chunk), "ground truth",
+                  {int(r): int(c) for r, c in first_chunk.items()})

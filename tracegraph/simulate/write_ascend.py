@@ -39,7 +39,8 @@ from tracegraph.simulate.timeline import StepSpan, Timeline
 
 INVALID = 4294967295  # msprof's "none" for Model Id / Subtask Id / dst rank
 NO_NOTIFY = "18446744073709551615"
-LAYER_CANN, LAYER_HARDWARE, LAYER_HCCL = 7, 13, 15  # msprof layer sort indexes (pid bits 5-9)
+LAYER_MSTX, LAYER_CANN, LAYER_HARDWARE, LAYER_HCCL = 1, 7, 13, 15  # msprof layer sort indexes
+MSTX_NAMES = {"F": "forward", "B": "backward"}  # MindSpeed's mstx messages (pp_chart reads them)
 COMM_KINDS = (COLLECTIVE, P2P)
 MESH_MAX = 8  # groups up to this size talk to every member (mesh), larger ones to ring neighbours
 LINK_BYTES_PER_NS = 20  # 20 GB/s: a nominal HCCS link, to date transfers when a peer is unprofiled
@@ -67,6 +68,7 @@ HW_TASK = {"Notify_Record": "Write Value", "Notify_Wait": "Notify Wait", "Memcpy
 TRANSPORTS = ("RDMA", "HCCS", "PCIE", "SDMA", "SIO")
 LARGE_PACKET_MB = 32.0
 MS_VERSION, CANN_VERSION = "2.6.0", "8.3.RC1"
+MS_MB = 1024 * 1000  # MindSpore's memory_record "MB": bytes / 1024 (KB) / 1000
 
 
 def files(timeline: Timeline) -> dict[str, bytes]:
@@ -157,9 +159,9 @@ class RankWriter:
         self.pid = 100_000 + (rank * 7919) % 4_000_000
         self.device = rank % 8
         self.main_tid, self.launch_tid = self.pid, self.pid + 5
-        self.hw_pid, self.cann_pid, self.hccl_pid = (
+        self.hw_pid, self.cann_pid, self.hccl_pid, self.mstx_pid = (
             (self.pid << 10) | (layer << 5) | self.device
-            for layer in (LAYER_HARDWARE, LAYER_CANN, LAYER_HCCL))
+            for layer in (LAYER_HARDWARE, LAYER_CANN, LAYER_HCCL, LAYER_MSTX))
         self.steps = job.steps.get(rank, [])
 
     @cached_property
@@ -170,7 +172,7 @@ class RankWriter:
 
     def files(self) -> dict[str, Data]:
         out = f"{self.root}/ASCEND_PROFILER_OUTPUT"
-        return {
+        files = {
             f"{self.root}/profiler_info_{self.rank}.json": self.profiler_info(),
             f"{self.root}/profiler_metadata.json": self.profiler_metadata(),
             f"{out}/trace_view.json": self.trace_view(),
@@ -178,6 +180,26 @@ class RankWriter:
             f"{out}/communication_matrix.json": self.communication_matrix(),
             f"{out}/step_trace_time.csv": self.step_trace_time(),
         }
+        if self.job.timeline.memory is not None:
+            files[f"{out}/memory_record.csv"] = self.memory_record()
+        return files
+
+    def memory_record(self) -> bytes:
+        """memory_record.csv as MindSpore's AscendMemoryViewer writes it: a `MindSpore` row
+        per allocator event and the `MindSpore+GE` sum beside it (no GE memory here), sizes
+        in its "MB" of 1024 × 1000 bytes, the µs timestamp as Decimal text."""
+        memory = self.job.timeline.memory
+        mine = memory[memory["rank"] == self.rank]
+        micros_text = [f"{t // 1000}.{t % 1000:03d}" for t in
+                       (mine["time_ns"].to_numpy(np.int64) + self.shift).tolist()]
+        lines = ["Component,Timestamp(us),Total Allocated(MB),Total Reserved(MB),"
+                 "Total Active(MB),Device Type"]
+        for ts, allocated, reserved in zip(micros_text, mine["allocated"].tolist(),
+                                           mine["reserved"].tolist(), strict=True):
+            sizes = f"{allocated / MS_MB!r},{reserved / MS_MB!r},{allocated / MS_MB!r}"
+            for component in ("MindSpore", "MindSpore+GE"):
+                lines.append(f"{component},{ts},{sizes},NPU:{self.rank}")
+        return ("\n".join(lines) + "\n").encode()
 
     # --- the rank's ops, with the ids msprof assigns ---------------------------------------------
 
@@ -281,8 +303,8 @@ class RankWriter:
     # --- trace_view.json -------------------------------------------------------------------------
 
     def trace_view(self) -> list[bytes]:
-        return json_array([self._metadata(), self._framework(), self._cann(), self._hardware(),
-                           self._hccl(), self._flows()])
+        return json_array([self._metadata(), self._framework(), self._mstx(), self._cann(),
+                           self._hardware(), self._hccl(), self._flows()])
 
     def _metadata(self) -> list[bytes]:
         threads = [self.main_tid, self.launch_tid]
@@ -299,6 +321,9 @@ class RankWriter:
              [(self.launch_tid, f"Thread {self.launch_tid}")]),
             (self.hccl_pid, "HCCL", "NPU", LAYER_HCCL, self._hccl_threads()),
         ]
+        if self.job.timeline.ranges is not None:
+            layers.append((self.mstx_pid, "python3", "CPU", LAYER_MSTX,
+                           [(self.main_tid, f"Thread {self.main_tid}")]))
         for pid, name, label, sort, named in layers:
             rows.append(_meta(pid, 0, "process_name", "name", name))
             rows += [_meta(pid, tid, "thread_name", "name", text) for tid, text in named]
@@ -326,6 +351,20 @@ class RankWriter:
                         len(self.steps)),
                 *render(template, [json_strings(fwk["fwk_name"]), self.pid, self.launch_tid,
                                    *_times(fwk["fwk_ts"], fwk["fwk_dur"])], len(fwk))]
+
+    def _mstx(self) -> list[bytes]:
+        """The framework's mstx range around the launches of each forward and backward
+        (`mstx.range_start("forward")` without a stream: host side only), in the mstx layer."""
+        ranges = self.job.timeline.ranges
+        if ranges is None:
+            return []
+        mine = ranges[ranges["rank"] == self.rank]
+        start = mine["host_start_ns"].to_numpy(np.int64) + self.shift
+        end = mine["host_end_ns"].to_numpy(np.int64) + self.shift
+        return render('{"ph":"X","name":%s,"pid":%d,"tid":%d,"ts":"%d.%03d","dur":%d.%03d,'
+                      '"cat":"mstx","args":{}}',
+                      [json_strings(mine["phase"].map(MSTX_NAMES)), self.mstx_pid, self.main_tid,
+                       *_times(start, end - start)], len(mine))
 
     @cached_property
     def _fwk_ops(self) -> pd.DataFrame:
@@ -577,8 +616,9 @@ class RankWriter:
                     "activities": ["ProfilerActivity.CPU", "ProfilerActivity.NPU"],
                     "schedule": {"wait": 0, "active": 1, "warmup": 1, "repeat": 1,
                                  "skip_first": max(first_step - 1, 0)},
-                    "record_shapes": False, "profile_memory": False, "with_stack": False,
-                    "with_flops": False, "with_modules": False},
+                    "record_shapes": False,
+                    "profile_memory": bool(self.job.timeline.params.get("memory")),
+                    "with_stack": False, "with_flops": False, "with_modules": False},
                 "experimental_config": {
                     "_profiler_level": "Level1", "_aic_metrics": "ACL_AICORE_PIPE_UTILIZATION",
                     "_l2_cache": False, "_msprof_tx": False, "_data_simplification": True,

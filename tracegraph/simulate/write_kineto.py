@@ -220,9 +220,12 @@ class _RankTrace:
 
     def trace(self) -> list[bytes]:
         sections = [self._metadata(), self._steps(), self._host(), self._comm_host(),
-                    self._device(), self._syncs(), self._flows(), self._instants()]
+                    self._device(), self._syncs(), self._flows(), self._memory(),
+                    self._ranges(), self._instants()]
+        gpu = _GPU | ({"totalGlobalMem": int(self.job.timeline.params["device_gib"] * 2**30)}
+                      if self.job.timeline.params.get("memory") else {})
         head = {"schemaVersion": 1,
-                "deviceProperties": [{"id": d, **_GPU} for d in range(8)],
+                "deviceProperties": [{"id": d, **gpu} for d in range(8)],
                 "trace_id": hashlib.md5(self.file_name.encode()).hexdigest().upper(),
                 "distributedInfo": self._distributed_info(),
                 "host_name": f"node{self.rank // 8}", "displayTimeUnit": "ms",
@@ -465,6 +468,44 @@ class _RankTrace:
         return [",\n".join(f'{{"ph":"M","name":"{name}","ts":{ts},"pid":{pid},"tid":{tid},'
                            f'"args":{orjson.dumps({key: value}).decode()}}}'
                            for pid, tid, name, key, value in rows).encode()]
+
+    def _memory(self) -> list[bytes]:
+        """`[memory]` instant events (profile_memory=True) on the main thread: the caching
+        allocator's totals after each allocation / release, as PyTorch's AddGenericMetadata
+        writes their args (Device Type 1 = CUDA)."""
+        memory = self.job.timeline.memory
+        if memory is None:
+            return []
+        mine = memory[memory["rank"] == self.rank]
+        addr = 0x7F0000000000 + np.cumsum(mine["bytes"].abs().to_numpy(np.int64))
+        return render(
+            '{"ph":"i","cat":"cpu_instant_event","s":"t","name":"[memory]","pid":%d,"tid":%d,'
+            '"ts":%d.%03d,"args":{"Device Type":1,"Device Id":%d,"Addr":%d,"Bytes":%d,'
+            '"Total Allocated":%d,"Total Reserved":%d,"Ev Idx":%d}}',
+            [self.pid, self.pid, *micros(mine["time_ns"].to_numpy(np.int64) + self.shift
+                                         - self.base),
+             self.device, addr, mine["bytes"].to_numpy(), mine["allocated"].to_numpy(),
+             mine["reserved"].to_numpy(), np.arange(len(mine))], len(mine))
+
+    def _ranges(self) -> list[bytes]:
+        """The framework's `record_function` range around each forward and backward, named
+        after Megatron's schedule functions (`forward_step` / `backward_step`): on the main
+        thread while it launched the work, and as kineto's `gpu_user_annotation` over that
+        work on the compute stream."""
+        ranges = self.job.timeline.ranges
+        if ranges is None:
+            return []
+        mine = ranges[ranges["rank"] == self.rank]
+        names = json_strings(mine["phase"].map({"F": "forward_step", "B": "backward_step"}))
+        ext = int(self.ops["ext"].max()) + 10 + np.arange(len(mine))
+        host = [mine[c].to_numpy(np.int64) + self.shift for c in ("host_start_ns", "host_end_ns")]
+        device = [mine[c].to_numpy(np.int64) + self.shift for c in ("start_ns", "end_ns")]
+        stream = self.job.timeline.compute_stream
+        return [*render(_IDS, ["user_annotation", names, self.pid, self.pid,
+                               *self._times(host[0], host[1] - host[0]), ext, ext], len(mine)),
+                *render(_IDS, ["gpu_user_annotation", names, self.device, stream,
+                               *self._times(device[0], device[1] - device[0]), ext, ext],
+                        len(mine))]
 
     def _instants(self) -> list[bytes]:
         start, end = _us_text(self.start - self.base), _us_text(self.end - self.base)

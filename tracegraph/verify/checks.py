@@ -25,6 +25,14 @@ Rule types (times in ms on the aligned clock, per step unless said otherwise):
   completed: that P2P must be posted before the reduction completes.
 - min_overlap(dim, ratio): on every rank, at least this share of the group kind's communication
   time overlaps main-lane compute.
+- max_exposed_comm(dim, ms): on every rank, the group kind's communication not hidden behind
+  main-lane compute stays under ms per step (the exposed-communication finding).
+- min_reduction_overlap(ratio): every stage reduction (back-to-back DP reductions on one lane)
+  overlaps main-lane compute for at least this share of its time.
+- no_serialized_streams(): no rank's compute and collective streams are serialized (the
+  serialized-streams finding: one hardware queue).
+- max_stage_memory_imbalance(ratio): the highest stage's peak memory is at most (1 + ratio) times
+  the lowest's (the stage-memory finding).
 
 A rule whose subject the bundle lacks is *not applicable* (neither passed nor failed) and says why
 in one line: a dimension's rule without communication of that dimension, a wait or overlap rule
@@ -48,6 +56,7 @@ from parsers.base import TraceError
 from tracegraph import causes, schema
 from tracegraph.analysis.analyze import Analysis
 from tracegraph.analysis.blame import Bubble
+from tracegraph.analysis.overlap import stage_reductions
 from tracegraph.verify import metrics
 
 if sys.version_info >= (3, 11):
@@ -273,21 +282,8 @@ class Facts:
 
     @cached_property
     def stage_reductions(self) -> list[tuple[int, int, int, np.ndarray]]:
-        """(rank, start, end, ops) of every run of back-to-back DP reductions on one lane: the
-        reduction of one pipeline stage's gradients."""
-        frame, (start, end) = self.analysis.ops.frame, self.times
-        idx = np.flatnonzero((metrics.comm_dims(self.analysis) == "dp")
-                             & frame["comm"].isin(metrics.REDUCTIONS).to_numpy()
-                             & (frame["kind"] == schema.COLLECTIVE).to_numpy())
-        if not len(idx):
-            return []
-        lane = frame["lane_id"].to_numpy()[idx]  # frame is sorted by (lane_id, start)
-        new = np.ones(len(idx), dtype=bool)
-        new[1:] = (lane[1:] != lane[:-1]) | (start[idx[1:]] - end[idx[:-1]] > metrics.SETTLE_NS)
-        runs = np.split(idx, np.flatnonzero(new)[1:])
-        ranks = frame["rank"].to_numpy()
-        return [(int(ranks[run[0]]), int(start[run].min()), int(end[run].max()), run)
-                for run in runs]
+        """(rank, start, end, ops) of every stage reduction (overlap.stage_reductions)."""
+        return stage_reductions(self.analysis)
 
     def ms(self, ns: float) -> float:
         """Aligned ns as ms since the analysis origin."""
@@ -474,6 +470,69 @@ def min_overlap(facts: Facts, dim: str, ratio: float) -> CheckResult:
                           f"lowest rank {shares.min():.1%} (at least {ratio:.0%})", overall)
 
 
+def max_exposed_comm(facts: Facts, dim: str, ms: float) -> CheckResult:
+    from tracegraph.analysis.findings import stage_of
+    from tracegraph.analysis.findings.exposed import exposed_table
+
+    if reason := facts.lacks_timeline():
+        return _not_applicable(reason)
+    table = exposed_table(facts.analysis, stage_of(facts.analysis))
+    table = table[table["dim"] == dim]
+    if not len(table):
+        return _not_applicable(f"no {dim} communication in this bundle's steps")
+    found = [facts.violation(int(r.rank), -1, f"{r.exposed_ms:.3f} of {r.comm_ms:.3f} ms of "
+                             f"{dim} communication per step exposed (> {ms} ms)")
+             for r in table.itertuples() if r.exposed_ms > ms]
+    worst = float(table["exposed_ms"].max())
+    return _result(found, f"most exposed {dim} communication on one rank: {worst:.3f} ms per "
+                          f"step (limit {ms} ms)", worst)
+
+
+def min_reduction_overlap(facts: Facts, ratio: float) -> CheckResult:
+    from tracegraph.analysis.overlap import reduction_overlap
+
+    if reason := facts.lacks_timeline() or facts.lacks_reduction():
+        return _not_applicable(reason)
+    table = reduction_overlap(facts.analysis)
+    found = [facts.violation(int(r.rank), facts.step_of(int(r.rank), int(r.start)),
+                             f"stage reduction {facts.ms(r.start):.3f}–{facts.ms(r.end):.3f} ms "
+                             f"({r.ms:.3f} ms) overlaps compute {r.ratio:.1%} (< {ratio:.0%})",
+                             int(r.start), int(r.end))
+             for r in table.itertuples() if r.ratio < ratio]
+    overall = float(table["overlap_ms"].sum() / table["ms"].sum()) if len(table) else 0.0
+    return _result(found, f"{len(table) - len(found)} of {len(table)} stage reductions overlap "
+                          f"compute at least {ratio:.0%} ({overall:.1%} of their time overall)",
+                   overall)
+
+
+def no_serialized_streams(facts: Facts) -> CheckResult:
+    from tracegraph.analysis.findings import serialized
+
+    if reason := facts.lacks_timeline():
+        return _not_applicable(reason)
+    finding = serialized.finding(facts.analysis)
+    if finding is None:
+        return _result([], "no compute / collective streams serialized", 0.0)
+    found = [facts.violation(int(pair["rank"]), -1, line)
+             for pair, line in zip(finding.evidence["pairs"], finding.lines, strict=True)]
+    return _result(found, finding.title, float(finding.evidence["exposed_ms_per_step"]))
+
+
+def max_stage_memory_imbalance(facts: Facts, ratio: float) -> CheckResult:
+    from tracegraph.analysis.findings import stage_memory, stage_of
+
+    finding = stage_memory.finding(facts.analysis, stage_of(facts.analysis))
+    if finding is None:
+        return _not_applicable("no memory recorded in this bundle (profile_memory)")
+    imbalance = float(finding.evidence["imbalance"])
+    rows = finding.evidence["per_rank"]
+    top = max(rows, key=lambda r: r["peak"])
+    found = ([facts.violation(int(top["rank"]), -1, f"{finding.title} (> {ratio:.0%})")]
+             if imbalance > ratio else [])
+    return _result(found, f"stage peak memory imbalance {imbalance:.1%} (at most {ratio:.0%})",
+                   imbalance)
+
+
 def _result(found: list[Violation], summary: str, value: float | None) -> CheckResult:
     return CheckResult(name="", rule="", passed=not found, summary=summary, violations=found,
                        value=value)
@@ -505,5 +564,9 @@ RULES: dict[str, tuple[Callable[..., CheckResult], tuple[str, ...], dict[str, ob
                                      {"max_ms": 1.0, "within_ms": 1.0}),
     "p2p_before_reduction_end": (p2p_before_reduction_end, (), {"min_ms": 1.0, "within_ms": 1.0}),
     "min_overlap": (min_overlap, ("dim",), {"ratio": 0.25}),
+    "max_exposed_comm": (max_exposed_comm, ("dim", "ms"), {}),
+    "min_reduction_overlap": (min_reduction_overlap, (), {"ratio": 0.25}),
+    "no_serialized_streams": (no_serialized_streams, (), {}),
+    "max_stage_memory_imbalance": (max_stage_memory_imbalance, ("ratio",), {}),
 }
 """Rule type -> (function, required parameters, optional parameters with defaults)."""

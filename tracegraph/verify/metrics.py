@@ -15,13 +15,19 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
-from tracegraph import causes, schema
+from tracegraph import causes
 from tracegraph.analysis.analyze import Analysis
 from tracegraph.analysis.blame import Bubble, Interval
-from tracegraph.analysis.blame import comm_categories as comm_categories_of
+from tracegraph.analysis.overlap import (  # noqa: F401 - diff and checks read them here
+    REDUCTIONS,
+    comm_categories,
+    comm_dims,
+    main_compute,
+    overlap_ratios,
+    overlap_table,
+)
 
 NS_PER_MS = 1e6
-REDUCTIONS = frozenset({"allreduce", "reducescatter", "reduce"})
 SETTLE_NS = 50_000  # pieces this short at a wait's end (a record, a wake-up) do not release it
 SETTLE_SHARE = 0.01  # ... nor pieces under this share of the wait
 _INSTANCE = re.compile(r"(?:[_@#]\d+)+(?:@[^@\s]+)?$")  # "_982_37_1@<group>", "#3", "_12"
@@ -32,14 +38,7 @@ _THREAD_ID = re.compile(r"^thread \d+")
 def step_table(analysis: Analysis) -> pd.DataFrame:
     """rank, step, start, end (aligned ns), ms: the ProfilerStep windows, else each rank's whole
     span as step -1."""
-    steps = analysis.steps[["rank", "step", "start", "end"]]
-    if not len(steps) and len(analysis.ops):
-        start, end = analysis.start, analysis.end
-        spans = pd.DataFrame({"rank": analysis.ops.frame["rank"], "start": start, "end": end})
-        steps = spans.groupby("rank", as_index=False).agg(start=("start", "min"),
-                                                          end=("end", "max"))
-        steps.insert(1, "step", -1)
-    return steps.assign(ms=(steps["end"] - steps["start"]) / NS_PER_MS).reset_index(drop=True)
+    return analysis.step_table()
 
 
 def step_ms(analysis: Analysis) -> dict[int, float]:
@@ -124,105 +123,6 @@ def critical_path_ms(analysis: Analysis) -> dict[str, dict[str, float]]:
 
 def _sorted(values: dict[str, float]) -> dict[str, float]:
     return {str(k): float(v) for k, v in sorted(values.items(), key=lambda kv: -kv[1])}
-
-
-# --- communication / compute overlap -----------------------------------------------------------
-def comm_categories(analysis: Analysis) -> np.ndarray:
-    """Root-cause category every op's communication is charged to, as blame charges it
-    (blame.comm_categories); "" for ops that are not communication."""
-    return comm_categories_of(analysis.ops.frame, analysis.trace.groups)
-
-
-def comm_dims(analysis: Analysis) -> np.ndarray:
-    """Group kind of every communication op ("" for other ops): the parallel dimension of the
-    category blame charges it to (dp, pp, ep, tp, cp), or `collective` when its group's
-    dimension is unknown, so the overlap checks and blame name the same dimension."""
-    categories = pd.Series(comm_categories(analysis), dtype=object)
-    kinds = {c: causes.get(c).dim or c for c in categories.unique() if c}
-    dims = categories.map(kinds).fillna("").to_numpy(dtype=object)
-    is_comm = analysis.ops.frame["kind"].isin([schema.COLLECTIVE, schema.P2P]).to_numpy()
-    return np.where(is_comm, dims, "")
-
-
-def main_compute(analysis: Analysis) -> np.ndarray:
-    """Mask of the ops that are computation on their rank's main lane."""
-    frame = analysis.ops.frame
-    main = frame["rank"].map(analysis.ops.main_lanes()).fillna(-1).to_numpy()
-    working = (frame["kind"] == schema.COMPUTE) | ((frame["kind"] == schema.HOST)
-                                                  & (frame["comm"] == ""))
-    return (frame["lane_id"].to_numpy() == main) & working.to_numpy()
-
-
-def overlap_table(analysis: Analysis) -> pd.DataFrame:
-    """rank, step, dim, comm_ms, overlap_ms: per step, the time the rank's communication of each
-    group kind was in flight, and how much of it its main lane spent computing."""
-    start, end = analysis.start, analysis.end
-    dims, computing = comm_dims(analysis), main_compute(analysis)
-    ranks = analysis.ops.frame["rank"].to_numpy()
-    order = np.argsort(ranks, kind="stable")
-    by_rank = ranks[order]
-    rows = []
-    for rank, windows in step_table(analysis).groupby("rank"):
-        mine = order[np.searchsorted(by_rank, rank, "left"):np.searchsorted(by_rank, rank, "right")]
-        s, e, d, c = start[mine], end[mine], dims[mine], computing[mine]
-        for step, lo, hi in windows[["step", "start", "end"]].itertuples(index=False):
-            work = _union(s[c], e[c], lo, hi)
-            for dim in np.unique(d[d != ""]):
-                comm = _union(s[d == dim], e[d == dim], lo, hi)
-                if len(comm[0]):
-                    rows.append((int(rank), int(step), str(dim), _length(comm) / NS_PER_MS,
-                                 _overlap(comm, work) / NS_PER_MS))
-    return pd.DataFrame(rows, columns=["rank", "step", "dim", "comm_ms", "overlap_ms"])
-
-
-def overlap_ratios(analysis: Analysis, by_rank: bool = False,
-                   table: pd.DataFrame | None = None) -> dict:
-    """Group kind -> share of its comm time overlapped by main-lane compute (all ranks and steps,
-    time-weighted); with `by_rank`, rank -> group kind -> ratio. `table`: its overlap_table."""
-    table = overlap_table(analysis) if table is None else table
-    keys = ["rank", "dim"] if by_rank else ["dim"]
-    sums = table.groupby(keys)[["comm_ms", "overlap_ms"]].sum()
-    ratios = (sums["overlap_ms"] / sums["comm_ms"].where(sums["comm_ms"] > 0)).fillna(0.0)
-    if not by_rank:
-        return {str(dim): float(r) for dim, r in ratios.items()}
-    out: dict[int, dict[str, float]] = {}
-    for (rank, dim), ratio in ratios.items():
-        out.setdefault(int(rank), {})[str(dim)] = float(ratio)
-    return out
-
-
-def _union(start: np.ndarray, end: np.ndarray, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
-    """Intervals clipped to [lo, hi] and merged into sorted disjoint ones."""
-    start, end = np.clip(start, lo, hi), np.clip(end, lo, hi)
-    keep = end > start
-    start, end = start[keep], end[keep]
-    if not len(start):
-        return start, end
-    order = np.argsort(start, kind="stable")
-    start, reach = start[order], np.maximum.accumulate(end[order])
-    first = np.ones(len(start), dtype=bool)
-    first[1:] = start[1:] > reach[:-1]
-    last = np.append(np.flatnonzero(first)[1:] - 1, len(start) - 1)
-    return start[first], reach[last]
-
-
-def _length(intervals: tuple[np.ndarray, np.ndarray]) -> int:
-    return int((intervals[1] - intervals[0]).sum())
-
-
-def _overlap(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> int:
-    """Length of the intersection of two sets of disjoint sorted intervals."""
-    points = np.unique(np.concatenate([*a, *b]))
-    if len(points) < 2:
-        return 0
-    left = points[:-1]
-    both = _inside(a, left) & _inside(b, left)
-    return int(np.diff(points)[both].sum())
-
-
-def _inside(intervals: tuple[np.ndarray, np.ndarray], points: np.ndarray) -> np.ndarray:
-    starts, ends = intervals
-    return np.searchsorted(starts, points, "right") > np.searchsorted(ends, points, "right")
 
 
 # --- what released a wait, and chains ----------------------------------------------------------

@@ -1,0 +1,176 @@
+"""Findings on simulated bundles whose injected cause is known (ground truth), in both formats,
+and their absence on a control: exposed EP all-to-all, serialized streams, stage memory, and
+the stage reductions' overlap of the seed case before and after its fix."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import tracegraph
+from reports.html import render
+from tests.conftest import SAMPLES
+from tracegraph.analysis.analyze import analyze
+from tracegraph.analysis.findings import find_all, stage_memory, stage_of
+from tracegraph.analysis.findings.exposed import exposed_table
+from tracegraph.analysis.overlap import reduction_overlap
+from tracegraph.analysis.pipeline import recover
+from tracegraph.cli.app import app
+from tracegraph.simulate import simulate
+from tracegraph.simulate.bundle_writer import write_bundle
+from tracegraph.verify.checks import Rule, evaluate
+
+FORMATS = ("ascend", "kineto")
+
+
+@pytest.fixture(scope="module")
+def bundles(tmp_path_factory: pytest.TempPathFactory):
+    """scenario -> (ground truth, {format: (archive, analysis)}), built once per module."""
+    made = {}
+
+    def get(name: str):
+        if name not in made:
+            timeline = simulate(name)
+            out = tmp_path_factory.mktemp(name)
+            runs = {}
+            for fmt in FORMATS:
+                archive = write_bundle(timeline, out / f"{name}-{fmt}.tar.gz", fmt)
+                runs[fmt] = (archive, analyze(tracegraph.load(archive, use_cache=False)))
+            made[name] = (timeline.ground_truth, runs)
+        return made[name]
+    return get
+
+
+def kinds(analysis) -> dict[str, object]:
+    return {f.kind: f for f in find_all(analysis)}
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_exposed_all_to_all_matches_the_injected_overlap(bundles, fmt: str) -> None:
+    truth, runs = bundles("ep-a2a-overlap")
+    analysis = runs[fmt][1]
+    table = exposed_table(analysis, stage_of(analysis)).set_index(["rank", "dim"])
+    steps = 2
+    for rank, dims in truth["overlap"].items():
+        expected = dims["ep"]["exposed_ms"] / steps
+        assert table.loc[(int(rank), "ep"), "exposed_ms"] == pytest.approx(expected, rel=0.05)
+        assert table.loc[(int(rank), "ep"), "comm_ms"] == pytest.approx(
+            dims["ep"]["comm_ms"] / steps, rel=0.05)
+    finding = kinds(analysis)["exposed_comm"]
+    hidden = finding.evidence["by_dim"]["ep"]["hidden_share"]
+    total = {k: sum(d["ep"][k] for d in truth["overlap"].values())
+             for k in ("comm_ms", "exposed_ms")}
+    assert hidden == pytest.approx(1 - total["exposed_ms"] / total["comm_ms"], abs=0.02)
+    assert 0.5 < hidden < 0.9  # combined 1F1B hides most of it, the late rank's peers not all
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_serialized_streams_found_with_their_cost(bundles, fmt: str) -> None:
+    truth, runs = bundles("serialized-streams")
+    analysis = runs[fmt][1]
+    finding = kinds(analysis)["serialized_streams"]
+    assert finding.evidence["ranks"] == sorted(s["rank"] for s in truth["serialized"])
+    assert all(p["concurrent_ms"] == 0 for p in finding.evidence["pairs"])
+    assert {(p["main"], p["comm"]) for p in finding.evidence["pairs"]} == {
+        ("stream 7", "stream 32")}
+    exposed = max(d["ep"]["exposed_ms"] for d in truth["overlap"].values()) / 2
+    assert finding.evidence["exposed_ms_per_step"] == pytest.approx(exposed, rel=0.05)
+    assert "CUDA_DEVICE_MAX_CONNECTIONS" in finding.suggestion
+    [check] = evaluate([Rule("no_serialized_streams", {})], analysis)
+    assert check.status == "fail" and {v.rank for v in check.violations} == set(
+        finding.evidence["ranks"])
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_no_serialization_in_the_overlapped_control(bundles, fmt: str) -> None:
+    _, runs = bundles("ep-a2a-overlap")
+    analysis = runs[fmt][1]
+    assert "serialized_streams" not in kinds(analysis)
+    [check] = evaluate([Rule("no_serialized_streams", {})], analysis)
+    assert check.status == "pass"
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_stage_memory_against_the_injected_profile(bundles, fmt: str) -> None:
+    truth, runs = bundles("pp-memory")
+    analysis = runs[fmt][1]
+    finding = kinds(analysis)["stage_memory"]
+    memory = truth["memory"]
+    peaks = {int(r): m["peak_bytes"] for r, m in memory.items()}
+    rows = {r["rank"]: r for r in finding.evidence["per_rank"]}
+    for rank, peak in peaks.items():
+        assert rows[rank]["peak"] == pytest.approx(peak, rel=0.05)
+        assert rows[rank]["stage"] == memory[str(rank)]["stage"]
+    order = sorted(rows, key=lambda r: -rows[r]["peak"])
+    assert order == sorted(peaks, key=lambda r: -peaks[r]) == [0, 1, 2, 3]  # first stage most
+    imbalance = max(peaks.values()) / min(peaks.values()) - 1
+    assert finding.evidence["imbalance"] == pytest.approx(imbalance, rel=0.05)
+    assert finding.severity == "warning"
+    # activations in flight: p - r microbatches, as 1F1B expects and the model injected
+    in_flight = [memory[str(r)]["peak_in_flight"] for r in range(4)]
+    assert finding.evidence["expected_in_flight"] == in_flight == [4, 3, 2, 1]
+    held = [rows[r]["activations"] / rows[0]["activations"] * 4 for r in range(4)]
+    assert held == pytest.approx(in_flight, rel=0.01)
+    if fmt == "kineto":  # deviceProperties state the capacity: 24 GiB
+        assert finding.evidence["closest_rank"] == 0
+        assert finding.evidence["closest_share"] == pytest.approx(
+            rows[0]["reserved"] / (24 * 2**30), abs=1e-4)
+    [check] = evaluate([Rule("max_stage_memory_imbalance", {"ratio": 0.1})], analysis)
+    assert check.status == "fail" and check.value == pytest.approx(imbalance, rel=0.05)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_stage_memory_of_the_recovered_interleaved_pipeline(bundles, fmt: str) -> None:
+    """`vpp` (PP4 × VPP2, 16 microbatches, no annotations): with the pipeline recovered from
+    op order, the expectation is interleaved 1F1B's ((p − r − 1)·2 + (v − 1)·p + 1)/v chunks of
+    activations in flight, the model's peaks (11, 9, 7, 5 chunks) halved."""
+    truth, runs = bundles("vpp")
+    analysis = runs[fmt][1]
+    found = {f.kind: f for f in find_all(analysis, recover(analysis))}["stage_memory"]
+    in_flight = [truth["memory"][str(r)]["peak_in_flight"] / 2 for r in range(4)]
+    assert found.evidence["chunks"] == 2
+    assert found.evidence["expected_in_flight"] == in_flight == [5.5, 4.5, 3.5, 2.5]
+    rows = {r["rank"]: r for r in found.evidence["per_rank"]}
+    held = [rows[r]["activations"] / rows[0]["activations"] * 5.5 for r in range(4)]
+    assert held == pytest.approx(in_flight, rel=0.05)
+
+
+def test_no_stage_memory_without_a_memory_profile(bundles) -> None:
+    _, runs = bundles("ep-a2a-overlap")
+    analysis = runs["ascend"][1]
+    assert stage_memory.finding(analysis, stage_of(analysis)) is None
+    [check] = evaluate([Rule("max_stage_memory_imbalance", {"ratio": 0.1})], analysis)
+    assert check.status == "not_applicable" and "profile_memory" in check.reason
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_seed_stage_reductions_overlap_only_after_the_fix(fmt: str, cache_dir: Path) -> None:
+    ratios = {}
+    for mode in ("sync", "async"):
+        bundle = SAMPLES / "simulated" / f"hsdp-straggler-{mode}-{fmt}.tar.gz"
+        analysis = analyze(tracegraph.load(bundle, cache_dir=cache_dir))
+        table = reduction_overlap(analysis)
+        assert len(table) == 8  # 4 stages x 2 chunks: one stage reduction each
+        ratios[mode] = float(table["overlap_ms"].sum() / table["ms"].sum())
+        finding = kinds(analysis)["exposed_comm"]
+        assert len(finding.evidence["stage_reductions"]) == 8
+    assert ratios["sync"] < 0.01  # the reduction blocks stream 47: nothing computes meanwhile
+    assert ratios["async"] > 0.5  # on its own stream, under the later chunks' compute
+
+
+def test_findings_in_json_terminal_and_html(bundles) -> None:
+    _, runs = bundles("serialized-streams")
+    archive, analysis = runs["kineto"]
+    run = CliRunner().invoke(app, ["analyze", str(archive), "--json", "--no-cache"])
+    assert run.exit_code == 0, run.output
+    found = {f["kind"]: f for f in json.loads(run.output)["findings"]}
+    assert found["serialized_streams"]["severity"] == "warning"
+    assert found["serialized_streams"]["evidence"]["ranks"] == list(range(8))
+    text = CliRunner().invoke(app, ["analyze", str(archive), "--no-cache"]).output
+    assert "findings:" in text and "never ran together" in text
+    assert "CUDA_DEVICE_MAX_CONNECTIONS" in text
+    html = render(analysis)
+    assert "<h2>Findings</h2>" in html and 'data-kind="serialized_streams"' in html

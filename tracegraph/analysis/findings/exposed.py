@@ -1,0 +1,93 @@
+"""Exposed communication: the part of each group kind's communication during which the rank's
+main lane was not computing, per rank and stage; and each stage reduction's overlap with the
+later compute (the seed's acceptance: "the first long AllReduce overlaps later VPP chunk
+compute")."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from tracegraph.analysis.findings.finding import INFO, WARNING, Finding
+from tracegraph.analysis.overlap import overlap_table, reduction_overlap
+
+NAMES = {"ep": "EP all-to-all", "dp": "DP/HSDP reduction", "pp": "PP P2P", "tp": "TP",
+         "cp": "CP"}
+EXPOSED_SHARE = 0.5  # a kind mostly exposed ...
+STEP_SHARE = 0.05  # ... for at least this share of the step is a warning
+SUGGESTIONS = {
+    "ep": "overlap the all-to-all with the other microbatch's compute (combined 1F1B / "
+          "--overlap-moe-expert-parallel-comm with --delay-wgrad-compute), on its own stream",
+    "dp": "launch the stage reduction asynchronously on its own stream and wait for it only "
+          "before the optimizer (overlap_grad_reduce)",
+    "pp": "post P2P asynchronously and overlap it with the stage's compute (overlap_p2p_comm)",
+}
+
+
+def exposed_table(analysis, stages: dict[int, int]) -> pd.DataFrame:
+    """rank, stage, dim, comm_ms, exposed_ms: per step (mean over the rank's steps)."""
+    table = overlap_table(analysis)
+    if not len(table):
+        return pd.DataFrame(columns=["rank", "stage", "dim", "comm_ms", "exposed_ms"])
+    table = table.assign(exposed_ms=table["comm_ms"] - table["overlap_ms"])
+    steps = table.groupby("rank")["step"].nunique()
+    sums = table.groupby(["rank", "dim"], as_index=False)[["comm_ms", "exposed_ms"]].sum()
+    per = sums["rank"].map(steps)
+    return sums.assign(stage=sums["rank"].map(stages).fillna(0).astype(int),
+                       comm_ms=sums["comm_ms"] / per, exposed_ms=sums["exposed_ms"] / per)[
+        ["rank", "stage", "dim", "comm_ms", "exposed_ms"]]
+
+
+def finding(analysis, stages: dict[int, int]) -> Finding | None:
+    """The exposed-communication finding; None without communication inside the steps."""
+    table = exposed_table(analysis, stages)
+    if not len(table):
+        return None
+    step_ms = float(analysis.step_table()["ms"].median())
+    lines, evidence, worst = [], {"per_rank": [], "by_dim": {}}, None
+    for dim, rows in table.groupby("dim"):
+        comm, exposed = rows["comm_ms"].sum(), rows["exposed_ms"].sum()
+        top = rows.loc[rows["exposed_ms"].idxmax()]
+        stage_rows = rows.groupby("stage")[["comm_ms", "exposed_ms"]].mean()
+        evidence["by_dim"][dim] = {
+            "comm_ms": round(comm, 3), "exposed_ms": round(exposed, 3),
+            "hidden_share": round(1 - exposed / comm, 4) if comm else None,
+            "worst_rank": int(top["rank"]), "worst_exposed_ms": round(top["exposed_ms"], 3),
+            "by_stage": {str(s): {k: round(v, 3) for k, v in r.items()}
+                         for s, r in stage_rows.iterrows()}}
+        stage_text = ", ".join(f"stage {s} {r['exposed_ms']:.1f}/{r['comm_ms']:.1f}"
+                               for s, r in stage_rows.iterrows())
+        lines.append(f"{NAMES.get(dim, dim)}: {exposed:.1f} of {comm:.1f} ms exposed per step "
+                     f"(summed over ranks, {1 - exposed / comm:.0%} hidden); most on rank "
+                     f"{int(top['rank'])}: {top['exposed_ms']:.1f} ms; per rank by stage "
+                     f"(exposed/total ms): {stage_text}")
+        mostly = exposed / comm > EXPOSED_SHARE if comm else False
+        if mostly and top["exposed_ms"] > STEP_SHARE * step_ms and (
+                worst is None or top["exposed_ms"] > worst[1]):
+            worst = (dim, float(top["exposed_ms"]), int(top["rank"]))
+    evidence["per_rank"] = [{k: (round(v, 3) if isinstance(v, float) else v)
+                             for k, v in row.items()} for row in table.to_dict("records")]
+    reductions = reduction_overlap(analysis)
+    if len(reductions):
+        lines.append(_reduction_line(analysis, reductions))
+        evidence["stage_reductions"] = [
+            {"rank": int(r.rank), "start_ms": round((r.start - analysis.origin) / 1e6, 3),
+             "ms": round(r.ms, 3), "overlap_ratio": round(float(r.ratio), 4)}
+            for r in reductions.itertuples()]
+    if worst is None:
+        return Finding("exposed_comm", INFO, "communication mostly hidden behind compute",
+                       "nothing to do", lines, evidence)
+    dim, ms, rank = worst
+    return Finding("exposed_comm", WARNING,
+                   f"{NAMES.get(dim, dim)} exposed: up to {ms:.1f} ms per step on rank {rank} "
+                   f"({ms / step_ms:.0%} of the step)", SUGGESTIONS.get(dim, "overlap it with "
+                                                                        "compute"),
+                   lines, evidence)
+
+
+def _reduction_line(analysis, reductions: pd.DataFrame) -> str:
+    ratio = reductions["overlap_ms"].sum() / reductions["ms"].sum()
+    longest = reductions.loc[reductions["ms"].idxmax()]
+    return (f"stage reductions: {len(reductions)}, {ratio:.0%} of their time overlapped by "
+            f"compute; longest on rank {int(longest['rank'])} at "
+            f"{(longest['start'] - analysis.origin) / 1e6:.1f} ms: {longest['ms']:.1f} ms, "
+            f"{longest['ratio']:.0%} overlapped")

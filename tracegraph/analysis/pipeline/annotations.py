@@ -1,0 +1,125 @@
+"""The pipeline from the framework's own ranges around each forward and backward.
+
+Names read: `FWD mb=3`, `BWD mb=3 chunk=1` (phase, microbatch, model chunk), and ranges that only
+name the phase, as real frameworks write them: `forward_step` / `backward_step` (Megatron's
+schedule functions, as record_function ranges in Kineto) and `forward` / `backward` (MindSpeed's
+mstx ranges, which msprof-analyze's pp_chart reads). Ranges without numbers are numbered by
+their order, as op-order recovery numbers its blocks (`labels`).
+
+A range on a device stream (`gpu_user_annotation`) is where the work ran; a host range covers
+the work it launched, which runs later on the device: its block spans the main-lane ops launched
+inside it. On a host main lane (CPU training) the range is the work.
+"""
+
+from __future__ import annotations
+
+import re
+
+import networkx as nx
+import numpy as np
+import pandas as pd
+
+from tracegraph import schema
+from tracegraph.analysis.pipeline.blocks import WORK_KINDS, B, F, Pipeline, W, staged
+from tracegraph.analysis.pipeline.labels import labelled
+from tracegraph.analysis.pipeline.replicas import layout
+
+_PHASES = {"fwd": F, "forward": F, "bwd": B, "backward": B, "wgt": W, "weight": W}
+RANGE = re.compile(
+    r"^(?P<phase>fwd|bwd|wgt|forward|backward|weight)(?:_step)?"
+    r"(?:[\s_:=#-]*(?:mb|micro_?batch)?[\s=_:#-]*(?P<mb>\d+))?"
+    r"(?:[\s,;_:-]*(?:chunk|vpp|model_chunk)[\s=_:#-]*(?P<chunk>\d+))?\s*$", re.IGNORECASE)
+
+
+def from_annotations(analysis) -> Pipeline | None:
+    """Blocks from the phase ranges of the trace; None when it has none (or only ranges
+    without numbers in a job without a pipeline)."""
+    ranges = _ranges(analysis)
+    if ranges.empty:
+        return None
+    blocks = _extents(analysis, ranges)
+    depth = _flow_depth(analysis.trace.events)
+    if blocks["mb"].notna().all():
+        blocks = blocks.assign(microbatch=blocks["mb"].astype("int64"),
+                               chunk=blocks["chunk"].fillna(0).astype("int64"))
+        return staged(analysis, blocks, "annotations", depth)
+    return _numbered(analysis, blocks[blocks["phase"].isin([F, B])], depth)
+
+
+def _ranges(analysis) -> pd.DataFrame:
+    """The phase ranges: device ones where a rank has them, else its host ones."""
+    events = analysis.trace.events
+    markers = events.loc[(events["kind"] == schema.MARKER).to_numpy(),
+                         ["rank", "name", "lane_kind", "start_ns", "dur_ns", "step"]]
+    parsed = markers["name"].str.extract(RANGE)
+    found = parsed["phase"].notna().to_numpy()
+    ranges = markers[found].assign(phase=parsed.loc[found, "phase"].str.lower().map(_PHASES),
+                                   mb=pd.to_numeric(parsed.loc[found, "mb"]),
+                                   chunk=pd.to_numeric(parsed.loc[found, "chunk"]))
+    device = ranges["lane_kind"] == schema.STREAM
+    on_device = set(ranges.loc[device, "rank"])
+    return ranges[device | ~ranges["rank"].isin(on_device)]
+
+
+def _extents(analysis, ranges: pd.DataFrame) -> pd.DataFrame:
+    """step, rank, phase, mb, chunk, start, end (aligned ns) of each range's work."""
+    shift = ranges["rank"].map(analysis.offsets).fillna(0).astype("int64")
+    start = (ranges["start_ns"] - shift).to_numpy().copy()
+    end = (ranges["start_ns"] + ranges["dur_ns"] - shift).to_numpy().copy()
+    host = (ranges["lane_kind"] != schema.STREAM).to_numpy()
+    for rank, rows in pd.Series(np.arange(len(ranges))[host]).groupby(
+            ranges["rank"].to_numpy()[host]):
+        start[rows], end[rows] = _launched(analysis, int(rank), start[rows], end[rows])
+    return pd.DataFrame({"step": ranges["step"].to_numpy(), "rank": ranges["rank"].to_numpy(),
+                         "phase": ranges["phase"].to_numpy(), "mb": ranges["mb"].to_numpy(),
+                         "chunk": ranges["chunk"].to_numpy(), "start": start, "end": end})
+
+
+def _launched(analysis, rank: int, lo: np.ndarray, hi: np.ndarray
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """The span of the main-lane work launched within each host range [lo, hi); the range
+    itself where the main lane is not a device stream (nothing is launched)."""
+    frame = analysis.ops.frame
+    lane = analysis.ops.main_lanes().get(rank, -1)
+    mine = np.flatnonzero((frame["lane_id"].to_numpy() == lane)
+                          & frame["kind"].isin(WORK_KINDS).to_numpy())
+    launch = analysis.graph.launch[mine]
+    mine, launch = mine[launch >= 0], launch[launch >= 0]
+    if not len(mine):
+        return lo, hi
+    order = np.argsort(launch, kind="stable")
+    mine, launch = mine[order], launch[order]
+    first, stop = np.searchsorted(launch, lo, "left"), np.searchsorted(launch, hi, "right")
+    some = stop > first  # a stream runs its ops in launch order: the first starts first
+    start = analysis.start[mine[np.minimum(first, len(mine) - 1)]]
+    end = analysis.end[mine[np.maximum(stop - 1, 0)]]
+    return np.where(some, start, lo), np.where(some, end, hi)
+
+
+def _numbered(analysis, blocks: pd.DataFrame, depth: dict[int, int]) -> Pipeline | None:
+    """Ranges without numbers, numbered by their order per replica (`labels`); None when no
+    ranks form a pipeline (the forward and backward of a data-parallel job)."""
+    replicas = layout(analysis.trace, sorted(int(r) for r in blocks["rank"].unique()), depth)
+    return labelled(analysis, blocks, replicas, "annotations") if replicas else None
+
+
+def _flow_depth(events: pd.DataFrame) -> dict[int, int]:
+    """rank -> depth in the forward data flow of annotated P2P ops.
+
+    A receive inside a forward block (or a send inside a backward one) comes from upstream;
+    ranks on a cycle (interleaved stages wrap around) share a depth and fall back to rank order.
+    """
+    p2p = events[(events["kind"] == schema.P2P) & (events["peer"] >= 0)
+                 & events["comm"].isin(["send", "recv"])]
+    phase = p2p["annotation"].str.extract(RANGE)["phase"].str.lower().map(_PHASES)
+    from_peer = (p2p["comm"] == "recv") == (phase == F)
+    known = phase.isin([F, B])
+    rank, peer = p2p["rank"].to_numpy(), p2p["peer"].to_numpy()
+    flow = nx.DiGraph()
+    flow.add_edges_from(zip(np.where(from_peer, peer, rank)[known.to_numpy()],
+                            np.where(from_peer, rank, peer)[known.to_numpy()], strict=True))
+    if not flow.number_of_nodes():
+        return {}
+    dag = nx.condensation(flow)
+    return {int(r): depth for depth, nodes in enumerate(nx.topological_generations(dag))
+            for node in nodes for r in dag.nodes[node]["members"]}
