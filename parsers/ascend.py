@@ -29,6 +29,15 @@ from parsers.ascend_comm import Side, load_side, resolve_rank
 from parsers.ascend_layout import recognizes as recognizes  # the format's test, re-exported
 from parsers.base import Format, GroupInfo, ParsedRank, RankFiles, Reader, TraceError
 from parsers.classify import HcclName, comm_kind, comm_type, double_hash, parse_hccl_name
+from parsers.values import (
+    LABEL_LIMIT,
+    cut,
+    decimal_micros_to_ns,
+    ints,
+    micros_to_ns,
+    texts,
+    to_int,
+)
 from tracegraph import schema
 from tracegraph.schema import (
     COLLECTIVE,
@@ -58,7 +67,6 @@ SKIPPED_LAYERS = frozenset({  # overlap summary and counter tracks: no operation
 _INVALID_NOTIFY = "18446744073709551615"
 _DTYPE_BYTES = {"INT8": 1, "UINT8": 1, "INT16": 2, "UINT16": 2, "FP16": 2, "BFP16": 2, "BF16": 2,
                 "INT32": 4, "UINT32": 4, "FP32": 4, "INT64": 8, "UINT64": 8, "FP64": 8}
-_DECIMAL = r"^\s*(?P<whole>-?\d+)(?:\.(?P<frac>\d*))?\s*$"
 _STEP = re.compile(r"ProfilerStep#(\d+)")
 _GROUP_THREAD = re.compile(r"Group (.+?) (?:Aicpu )?Communication")
 _PLANE_THREAD = re.compile(r"Plane (\d+)")
@@ -136,6 +144,8 @@ def decode_trace(member: str, data: bytes, warnings: list[str]) -> list[_Event]:
         raise TraceError(f"{member}: empty file")
     try:
         doc = _DECODER.decode(data)
+    except RecursionError:
+        raise TraceError(f"{member}: JSON nested too deeply to read") from None
     except msgspec.ValidationError as err:
         raise TraceError(f"{member}: unexpected content: {err}") from None
     except msgspec.DecodeError as err:
@@ -152,16 +162,16 @@ def _salvage(member: str, data: bytes, tries: int = 8) -> list[_Event]:
         raise TraceError(f"{member}: truncated, and not a JSON array of events")
     whole = data.rstrip()
     if whole.endswith(b"}"):  # cut right after an event
-        with contextlib.suppress(msgspec.DecodeError):
+        with contextlib.suppress(msgspec.DecodeError, RecursionError):
             return msgspec.json.decode(whole + b"]", type=list[_Event])
     window = 1 << 20
     while True:
         tail_start = max(0, len(data) - window)
         cuts = [tail_start + m.start() for m in _BOUNDARY.finditer(data, tail_start)]
-        for cut in reversed(cuts[-tries:]):
+        for end in reversed(cuts[-tries:]):
             try:
-                return msgspec.json.decode(data[:cut + 1] + b"]", type=list[_Event])
-            except msgspec.DecodeError:
+                return msgspec.json.decode(data[:end + 1] + b"]", type=list[_Event])
+            except (msgspec.DecodeError, RecursionError):
                 continue
         if tail_start == 0:
             return []
@@ -171,61 +181,14 @@ def _salvage(member: str, data: bytes, tries: int = 8) -> list[_Event]:
 # --- column helpers --------------------------------------------------------------------------
 
 
-def us_to_ns(values: Sequence[object], where: str) -> np.ndarray:
-    """Decimal µs ("1736412474757059.740" or a number) -> integer ns, exactly (never via float)."""
-    text = _decimal_text(values)
-    parts = pc.extract_regex(text, _DECIMAL)
-    if parts.null_count:
-        bad = text.filter(pc.is_null(parts))[0].as_py()
-        raise TraceError(f"{where}: unreadable timestamp {bad!r}")
-    whole = pc.cast(parts.field("whole"), pa.int64())
-    frac = pc.cast(pc.utf8_slice_codeunits(pc.utf8_rpad(parts.field("frac"), 3, "0"), 0, 3),
-                   pa.int64())
-    negative = pc.starts_with(parts.field("whole"), "-")
-    signed = pc.if_else(negative, pc.negate(frac), frac)
-    return pc.add(pc.multiply(whole, 1000), signed).to_numpy()
-
-
-def _decimal_text(values: Sequence[object]) -> pa.Array:
-    try:
-        return pa.array(values, type=pa.string())
-    except (pa.ArrowInvalid, pa.ArrowTypeError):
-        return pa.array([_number_text(v) for v in values], type=pa.string())
-
-
-def _number_text(value: object) -> str | None:
-    """A number as the decimal text it was most likely written as."""
-    if value is None or isinstance(value, str):
-        return value
-    text = repr(value)
-    return format(value, ".3f") if isinstance(value, float) and "e" in text else text
-
-
-def _dur_ns(values: list[Scalar]) -> np.ndarray:
-    """Float µs -> ns, round(dur * 1000); missing -> 0."""
-    try:
-        us = np.asarray(values, dtype=np.float64)
-    except (TypeError, ValueError):
-        us = pd.to_numeric(pd.Series(values, dtype=object), errors="coerce").to_numpy(np.float64)
-    return np.rint(np.nan_to_num(us) * 1000).astype(np.int64)
-
-
 def _int64(values: Sequence[Scalar]) -> np.ndarray:
-    """Integers with NO_INT where missing or unreadable."""
-    try:
-        return pc.fill_null(pa.array(values, type=pa.int64()), NO_INT).to_numpy()
-    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
-        numbers = pd.to_numeric(pd.Series(values, dtype=object), errors="coerce")
-        return numbers.fillna(NO_INT).to_numpy(np.int64)
+    """Integers with NO_INT where missing, UNREADABLE where unreadable."""
+    return ints(values)
 
 
 def _text(values: Sequence[Scalar]) -> pd.Series:
-    """Strings with "" where missing."""
-    try:
-        array = pa.array(values, type=pa.string())
-    except (pa.ArrowInvalid, pa.ArrowTypeError):
-        array = pa.array([None if v is None else str(v) for v in values], type=pa.string())
-    return pc.fill_null(array, "").to_pandas()
+    """Strings with "" where missing, cut to NAME_LIMIT."""
+    return pc.fill_null(texts(values), "").to_pandas()
 
 
 def _args(events: list[_Event], key: str) -> list[Scalar]:
@@ -244,7 +207,7 @@ def _notify_ids(values: list[Scalar]) -> pd.Series:
     ids = _text(values)
     hexa = ids.str.startswith("0x")
     if hexa.any():
-        ids[hexa] = ids[hexa].map(lambda s: str(int(s, 16)))
+        ids[hexa] = ids[hexa].map(lambda s: str(n) if (n := to_int(s)) >= 0 else "")
     return ids.where(ids != _INVALID_NOTIFY, "")
 
 
@@ -252,8 +215,8 @@ def _base(events: list[_Event], where: str) -> pd.DataFrame:
     """Name, times, pid and tid of a list of complete events."""
     return pd.DataFrame({
         "name": _text([e.name for e in events]),
-        "start_ns": us_to_ns([e.ts for e in events], where),
-        "dur_ns": _dur_ns([e.dur for e in events]),
+        "start_ns": decimal_micros_to_ns([e.ts for e in events]),
+        "dur_ns": micros_to_ns([e.dur for e in events]),
         "pid": pd.Series([e.pid for e in events], dtype=object),
         "tid": pd.Series([e.tid for e in events], dtype=object),
     })
@@ -316,7 +279,7 @@ def _step_numbers(names: pd.Series) -> np.ndarray:
     steps = pc.fill_null(pc.starts_with(text, "ProfilerStep#"), False).to_numpy(
         zero_copy_only=False)
     found = names[steps].str.extract(r"^ProfilerStep#(\d+)$")[0]
-    numbers[steps] = pd.to_numeric(found).fillna(NO_INT).to_numpy(np.int64)
+    numbers[steps] = ints(found.fillna("").tolist())
     return numbers
 
 
@@ -370,7 +333,7 @@ def _split_layers(events: list[_Event],
             if e.name == "process_name":
                 names[e.pid] = str(e.args.name)
             else:
-                ctx.threads[(e.pid, e.tid)] = str(e.args.name)
+                ctx.threads[(e.pid, e.tid)] = cut(str(e.args.name), LABEL_LIMIT)
     layers: dict[str, list[_Event]] = defaultdict(list)
     unknown, guessed, device_pid = set(), [], None
     for pid, evs in by_pid.items():
@@ -584,7 +547,7 @@ def _containing_op(tasks: pd.DataFrame, ops: pd.DataFrame) -> pd.Series:
 
 def _plane(thread: str, tid: int, block: int) -> int:
     match = _PLANE_THREAD.fullmatch(thread)
-    return int(match[1]) if match else int(tid) - int(block) - 1
+    return int(match[1]) if match else to_int(tid) - int(block) - 1
 
 
 def _attach_device_tasks(device: pd.DataFrame, ops: pd.DataFrame) -> None:
@@ -629,8 +592,8 @@ def _comm_only_frame(ctx: _Context) -> pd.DataFrame:
              for op, k in zip(ops, kind, strict=True)]
     frame = pd.DataFrame({
         "name": [op.name for op in ops],
-        "start_ns": us_to_ns([op.start_us for op in ops], ctx.where),
-        "dur_ns": np.rint(np.array([op.elapse_ms for op in ops]) * 1e6).astype(np.int64),
+        "start_ns": decimal_micros_to_ns([op.start_us for op in ops]),
+        "dur_ns": micros_to_ns(np.array([op.elapse_ms for op in ops], dtype=np.float64) * 1e3),
         "group": [op.group for op in ops],
         "seq": [p.index if p else NO_INT for p in parsed],
         "comm": comm, "kind": kind, "step": [op.step for op in ops],
@@ -671,7 +634,8 @@ def _all_steps(frame: pd.DataFrame, steps: _Steps) -> np.ndarray:
 def _table(frame: pd.DataFrame, rank: int) -> pa.Table:
     """The EVENTS table, sorted by start time."""
     frame = frame.sort_values("start_ns", kind="stable", ignore_index=True).assign(rank=rank)
-    columns = {c.name: pa.array(frame[c.name], type=c.type) for c in schema.EVENTS}
+    columns = {c.name: frame[c.name].to_numpy() if pa.types.is_integer(c.type)
+               else pa.array(frame[c.name], type=c.type) for c in schema.EVENTS}
     return schema.events_table(columns, len(frame))
 
 

@@ -8,7 +8,6 @@ hash (`name@group` keys) and, when a rank has no timeline, the communication ops
 from __future__ import annotations
 
 import csv
-import io
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -18,6 +17,7 @@ import msgspec
 
 from parsers.base import GroupInfo, RankFiles, Reader, TraceError
 from parsers.classify import double_hash
+from parsers.values import rank_id
 from tracegraph.schema import NO_INT
 
 Scalar = int | float | str | None
@@ -122,14 +122,14 @@ def load_side(files: RankFiles, read: Reader, warnings: list[str]) -> Side:
         stats = _load(files.files["communication"], read, _Communication, warnings) or {}
         side.ops = _comm_ops(stats, _matrix_links(matrix))
     if "step_trace" in files.files:
-        side.device = _device_id(read(files.files["step_trace"]))
+        member = files.files["step_trace"]
+        side.device = _device_id(read(member), member, warnings)
     return side
 
 
 def resolve_rank(files: RankFiles, info: dict[str, Any], warnings: list[str]) -> int:
     """The rank: discovery's hint, else `rank_id` of profiler_info (int or string, -1 = none)."""
-    stated = _int_or_none(info.get("rank_id"))
-    stated = None if stated is not None and stated < 0 else stated
+    stated = rank_id(info.get("rank_id"))
     if files.rank is not None:
         if stated is not None and stated != files.rank:
             warnings.append(f"{files.root}: rank_id {stated} in profiler_info differs from the "
@@ -215,18 +215,12 @@ def _step_number(key: str) -> int:
     return int(match[1]) if match else NO_INT
 
 
-def _device_id(data: bytes) -> int | None:
+def _device_id(data: bytes, member: str, warnings: list[str]) -> int | None:
     """The `Device_id` of the first row of step_trace_time.csv, if the column exists."""
-    rows = csv.DictReader(io.StringIO(data.decode("utf-8", errors="replace")))
-    row = next(rows, None) or {}
-    return _int_or_none((row.get("Device_id") or "").strip())
-
-
-def _int_or_none(value: object) -> int | None:
-    if isinstance(value, bool):
+    lines = data.decode("utf-8", errors="replace").splitlines()[:2]  # a bare CR ends one too
+    try:
+        row = next(csv.DictReader(lines), None) or {}
+    except csv.Error as err:  # e.g. a field over the csv module's size limit
+        warnings.append(f"{member}: unreadable CSV ({err}); device id unknown")
         return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str) and re.fullmatch(r"-?\d+", value.strip()):
-        return int(value)
-    return None
+    return rank_id(row.get("Device_id"))

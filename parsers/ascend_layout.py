@@ -13,6 +13,7 @@ from collections import defaultdict
 from collections.abc import Collection
 
 from parsers.base import Found, RankFiles, Sniff
+from parsers.values import rank_id
 
 NAME = "ascend"
 APO = "ASCEND_PROFILER_OUTPUT"
@@ -49,8 +50,7 @@ def wants(name: str) -> bool:
 def sniff(name: str, head: bytes) -> Sniff:
     """The `rank_id` an info.json.N states (-1, msprof's "unknown", gives None)."""
     found = _RANK_ID.search(head)
-    rank = int(found.group(1)) if found else -1
-    return Sniff(False, rank if rank >= 0 else None)
+    return Sniff(False, rank_id(int(found.group(1))) if found else None)
 
 
 def encloses(name: str) -> bool:
@@ -136,7 +136,7 @@ def _rank(info: str | None, names: list[str], sniffs: dict[str, Sniff]) -> int |
     """The rank in the name `profiler_info_{rank}.json`, else a raw info.json.N's `rank_id`."""
     found = _PROFILER_INFO.match(info or "")
     if found and found.group(1):
-        return int(found.group(1))
+        return rank_id(found.group(1))
     stated = (sniffs[name].rank for name in names if name in sniffs)
     return next((rank for rank in stated if rank is not None), None)
 

@@ -53,6 +53,8 @@ class ParsedRank:
     groups: list[GroupInfo] = field(default_factory=list)
     meta: dict[str, object] = field(default_factory=dict)  # RANKS columns: framework, version, ...
     warnings: list[str] = field(default_factory=list)
+    damaged: dict[str, int] = field(default_factory=dict)  # raw values the parser could not use
+    # and no column shows, by what they were: `parsers.validate` counts them with its own
 
 
 Reader = Callable[[str], bytes]
