@@ -11,11 +11,13 @@ from __future__ import annotations
 import posixpath
 import re
 from collections.abc import Iterable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 from parsers import formats
 from parsers.archive import ARCHIVE_SUFFIXES, Limits, Source, open_source
 from parsers.base import Format, Found, RankFiles, Sniff, TraceError
+from parsers.values import printable, rank_id
 
 # Only explicit rank words: never a bare number, which in trace file names is a pid or a timestamp.
 _NAME_RANK = re.compile(r"(?:^|[^a-z0-9])(?:rank|worker)[-_]?(\d+)", re.I)
@@ -65,7 +67,7 @@ def open_bundle(path: str | Path, limits: Limits | None = None) -> Bundle:
         sniffs = source.scan(_wanted, _sniff)
         profiles, notes = discover(list(source.members), sniffs, path.resolve().name)
         if not profiles:
-            raise _nothing_found(path)
+            raise _nothing_found(path, source.warnings)
     except BaseException:
         source.close()
         raise
@@ -73,10 +75,12 @@ def open_bundle(path: str | Path, limits: Limits | None = None) -> Bundle:
     return Bundle(path, source, profiles)
 
 
-def _nothing_found(path: Path) -> TraceError:
+def _nothing_found(path: Path, warnings: list[str]) -> TraceError:
     kinds = " or ".join(fmt.name.capitalize() for fmt in formats.FORMATS)
     looked_for = ", ".join(fmt.looked_for for fmt in formats.FORMATS)
-    return TraceError(f"{path}: no {kinds} profile found (looked for {looked_for})")
+    why = "".join(f"; {w}" for w in warnings[:1]) + (
+        f" (and {len(warnings) - 1} more)" if len(warnings) > 1 else "")
+    return TraceError(f"{path}: no {kinds} profile found (looked for {looked_for}){why}")
 
 
 def _suffixes() -> tuple[str, ...]:
@@ -117,13 +121,14 @@ def _sniff(name: str, head: bytes) -> dict[str, Sniff]:
 def name_rank(name: str) -> int | None:
     """The rank a file name states (`rank3`, `rank-3`, `rank_3`, `worker3`), else None."""
     found = _NAME_RANK.search(posixpath.basename(name))
-    return int(found.group(1)) if found else None
+    return rank_id(found.group(1)) if found else None
 
 
 # -- discovery -----------------------------------------------------------------------------------
 def discover(names: list[str], sniffs: Sniffs,
              label: str = "") -> tuple[list[RankFiles], list[str]]:
-    """The profiles among the member `names`, and notes (`label`: the bundle's folder name)."""
+    """The profiles among the member `names`, and notes (`label`: the bundle's folder name). A
+    profile's `root` is for messages: printable on one line, whatever bytes name the file."""
     notes: list[str] = []
     profiles: list[RankFiles] = []
     for fmt in formats.FORMATS:
@@ -136,7 +141,7 @@ def discover(names: list[str], sniffs: Sniffs,
         shown = ", ".join(ignored[:5]) + (", ..." if len(ignored) > 5 else "")
         notes.append(f"ignored {len(ignored)} JSON file(s) that are not profiles: {shown}")
     profiles.sort(key=lambda p: (p.rank is None, p.rank or 0, p.root))
-    return profiles, notes
+    return [replace(p, root=printable(p.root)) for p in profiles], notes
 
 
 def _one_file_profiles(fmt: Format, names: list[str], sniffs: dict[str, Sniff]) -> Found:
