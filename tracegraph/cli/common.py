@@ -13,14 +13,16 @@ from typing import TYPE_CHECKING, TypeVar
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 from parsers.base import TraceError
+from parsers.values import printable
 
 if TYPE_CHECKING:
     from tracegraph.loading.trace import Trace
 
-out = Console()
-err = Console(stderr=True)
+out = Console(markup=False)  # text from profiles ("[/x]" in an op name or a path) stays text:
+err = Console(stderr=True, markup=False)  # style with Text or style=, never with markup
 
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -35,7 +37,7 @@ def friendly_errors(command: F) -> F:
         try:
             return command(*args, **kwargs)
         except (TraceError, OSError) as error:
-            err.print(f"[red]error:[/red] {error}", highlight=False, soft_wrap=True)
+            err.print(_labelled("error:", "red", str(error)), highlight=False, soft_wrap=True)
             raise typer.Exit(EXIT_BAD_INPUT) from None
 
     return run  # type: ignore[return-value]
@@ -79,7 +81,18 @@ def read_rank_map(path: Path) -> dict[str, int]:
 
 
 
-
 def warn(message: str) -> None:
     """A warning line on stderr."""
-    err.print(f"[yellow]warning:[/yellow] {message}", highlight=False, soft_wrap=True)
+    err.print(_labelled("warning:", "yellow", message), highlight=False, soft_wrap=True)
+
+
+def _labelled(label: str, style: str, message: str) -> Text:
+    """"label message" on one line, the label styled, the message printable as it is."""
+    return Text.assemble((label, style), " ", printable(message))
+
+
+def tolerant_streams() -> None:
+    """stdout and stderr print what they cannot encode (a file name's stray bytes) escaped."""
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")

@@ -7,8 +7,17 @@ from typing import Annotated
 
 import typer
 
+from parsers.values import printable
 from tracegraph.cli.common import friendly_errors, load_bundle, out
-from tracegraph.cli.options import Bundle, CacheDir, Dask, Jobs, NoCache, RankMap
+from tracegraph.cli.options import (
+    Bundle,
+    CacheDir,
+    Dask,
+    Jobs,
+    NoCache,
+    RankMap,
+    milliseconds,
+)
 
 
 @friendly_errors
@@ -24,7 +33,7 @@ def export_command(
     """Write the normalized tables as Parquet (schema: tracegraph/schema.py, docs/schema.md)."""
     trace = load_bundle(bundle, cache_dir, no_cache, jobs, rank_map, dask)
     for path in trace.to_parquet(parquet):
-        out.print(f"wrote {path}", highlight=False)
+        out.print(f"wrote {printable(str(path))}", highlight=False)
 
 
 @friendly_errors
@@ -36,8 +45,8 @@ def graph_command(
     jobs: Jobs = None,
     rank_map: RankMap = None,
     threshold_ms: Annotated[float, typer.Option(
-        help="Shortest stall counted a bubble: the edges inferred by time are those the "
-             "analysis of bubbles of this size followed.")] = 1.0,
+        help="Shortest stall counted a bubble (ms): the edges inferred by time are those the "
+             "analysis of bubbles of this size followed.", callback=milliseconds)] = 1.0,
 ) -> None:
     """Write the cross-rank dependency DAG (networkx GraphML or node-link JSON)."""
     from tracegraph.analysis.analyze import analyze as run_analysis
@@ -48,5 +57,5 @@ def graph_command(
     written = write_graph(graph, output)
     kinds = graph.edges["kind"].value_counts()
     by_kind = ", ".join(f"{n:,} {kind}" for kind, n in kinds.items() if n)
-    out.print(f"wrote {output}: {written.number_of_nodes():,} ops, "
+    out.print(f"wrote {printable(str(output))}: {written.number_of_nodes():,} ops, "
               f"{written.number_of_edges():,} dependencies ({by_kind})", highlight=False)

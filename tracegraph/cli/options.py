@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated
 
@@ -15,3 +16,14 @@ RankMap = Annotated[Path | None, typer.Option(
     help='JSON file mapping a profile (path or file name) to its rank: {"a.json": 3}.')]
 Dask = Annotated[str | None, typer.Option(
     help='Parse ranks on a Dask cluster: "local" or a scheduler address (tcp://host:8786).')]
+
+
+def milliseconds(value: float | None) -> float | None:
+    """A duration option's value: a finite number of ms, at least 0 (nan and inf are not)."""
+    if value is not None and not (math.isfinite(value) and value >= 0):
+        raise typer.BadParameter(f"{value} is not a duration in ms (a finite number, >= 0)")
+    return value
+
+
+ThresholdMs = Annotated[float, typer.Option(help="Shortest stall counted a bubble (ms).",
+                                            callback=milliseconds)]
