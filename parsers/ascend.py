@@ -593,7 +593,7 @@ def _comm_only_frame(ctx: _Context) -> pd.DataFrame:
     frame = pd.DataFrame({
         "name": [op.name for op in ops],
         "start_ns": decimal_micros_to_ns([op.start_us for op in ops]),
-        "dur_ns": micros_to_ns(np.array([op.elapse_ms for op in ops], dtype=np.float64) * 1e3),
+        "dur_ns": micros_to_ns([op.elapse_ms for op in ops], unit_us=1e3),
         "group": [op.group for op in ops],
         "seq": [p.index if p else NO_INT for p in parsed],
         "comm": comm, "kind": kind, "step": [op.step for op in ops],

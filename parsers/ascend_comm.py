@@ -146,6 +146,8 @@ def _load(member: str, read: Reader, kind: Any, warnings: list[str]) -> Any:
     data = read(member)
     try:
         return msgspec.json.decode(data, type=kind)
+    except RecursionError:
+        raise TraceError(f"{member}: JSON nested too deeply to read") from None
     except msgspec.ValidationError as err:
         raise TraceError(f"{member}: unexpected content: {err}") from None
     except msgspec.DecodeError as err:

@@ -83,11 +83,12 @@ def rank_id(value: object) -> int | None:
 
 
 # --- times ---------------------------------------------------------------------------------------
-def micros_to_ns(values: Sequence[object] | np.ndarray) -> np.ndarray:
-    """µs (numbers or numeric text) -> int64 ns; UNREADABLE for a missing, non-numeric,
-    non-finite or out-of-range value. Only the fraction is scaled, so epoch µs (~1.7e15) lose
-    nothing beyond what the float already lost."""
-    micros = values if isinstance(values, np.ndarray) else _floats(values)
+def micros_to_ns(values: Sequence[object], unit_us: float = 1.0) -> np.ndarray:
+    """Times in units of `unit_us` µs (numbers or numeric text) -> int64 ns; UNREADABLE for a
+    missing, non-numeric, non-finite or out-of-range value. Only the fraction is scaled, so
+    epoch µs (~1.7e15) lose nothing beyond what the float already lost."""
+    with np.errstate(over="ignore", invalid="ignore"):  # what overflows is marked below
+        micros = _floats(values) * unit_us
     ok = np.isfinite(micros) & (np.abs(micros) < _MICROS_LIMIT)
     micros = np.where(ok, micros, 0.0)
     whole = np.floor(micros)

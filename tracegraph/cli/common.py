@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.text import Text
 
 from parsers.base import TraceError
-from parsers.values import printable
+from parsers.values import printable, rank_id
 
 if TYPE_CHECKING:
     from tracegraph.loading.trace import Trace
@@ -73,11 +73,16 @@ def load_bundle(bundle: Path, cache_dir: Path | None, no_cache: bool, jobs: int 
 
 
 def read_rank_map(path: Path) -> dict[str, int]:
+    """--rank-map's {profile: rank}; TraceError unless every value is a rank id."""
     try:
         mapping = json.loads(path.read_text())
-        return {str(k): int(v) for k, v in mapping.items()}
-    except (ValueError, TypeError, AttributeError) as error:
+        ranks = {str(k): rank_id(v) for k, v in mapping.items()}
+    except (ValueError, TypeError, AttributeError, RecursionError) as error:
         raise TraceError(f"{path}: not a JSON object of profile -> rank ({error})") from None
+    if None in ranks.values():
+        bad = next(k for k, v in ranks.items() if v is None)
+        raise TraceError(f"{path}: {bad!r:.100} maps to {mapping[bad]!r:.40}, not a rank id")
+    return ranks
 
 
 

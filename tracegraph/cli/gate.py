@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from parsers.values import printable
 from reports.markdown import (
     STATE_TITLES,
     check_status,
@@ -229,7 +230,8 @@ def _check(bundle: Path, spec: RuleSpec, source: Source, outputs: Outputs,
     rules = _rules(spec)
     analysis = source.analysis(bundle)
     results = [r.as_dict() for r in evaluate(rules, analysis)]
-    report = {"source": str(bundle), "step_ms": round(metrics.step_time_ms(analysis), 3),
+    report = {"source": printable(str(bundle)),
+              "step_ms": round(metrics.step_time_ms(analysis), 3),
               "checks": results, **_tally(results, allow_not_applicable)}
     report["passed"] = _checks_pass(report)
     outputs.emit(report, lambda: check_markdown(report), lambda: check_junit(report),

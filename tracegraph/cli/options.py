@@ -18,10 +18,13 @@ Dask = Annotated[str | None, typer.Option(
     help='Parse ranks on a Dask cluster: "local" or a scheduler address (tcp://host:8786).')]
 
 
+DAY_MS = 86_400_000.0
+
+
 def milliseconds(value: float | None) -> float | None:
-    """A duration option's value: a finite number of ms, at least 0 (nan and inf are not)."""
-    if value is not None and not (math.isfinite(value) and value >= 0):
-        raise typer.BadParameter(f"{value} is not a duration in ms (a finite number, >= 0)")
+    """A duration option's value: ms from 0 to a day (not nan, not inf)."""
+    if value is not None and not (math.isfinite(value) and 0 <= value <= DAY_MS):
+        raise typer.BadParameter(f"{value} is not a duration in ms from 0 to {DAY_MS:.0f}")
     return value
 
 

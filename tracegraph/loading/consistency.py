@@ -58,11 +58,12 @@ def world_size(parsed: Parsed, warnings: list[str]) -> int:
 def check(source: Path, ranks: pd.DataFrame, groups: pd.DataFrame, events: pa.Table,
           world: int, said: list[str]) -> list[str]:
     """Warnings on ranks without events, members silent in their groups' collectives and ranks
-    absent from the bundle; TraceError when no rank holds an event (with the first of the
-    warnings `said` so far, which tells why)."""
+    absent from the bundle; TraceError when no rank holds an event (with what the warnings
+    `said` so far tell of the first rank: why it holds none)."""
     empty = ranks[ranks["events"] == 0]
     if len(empty) == len(ranks):
-        why = f": {said[0]}" if said else ""
+        why = next((f": {w}" for w in said if w.startswith(f"rank {ranks['rank'].iloc[0]}:")),
+                   "")
         raise TraceError(f"{source}: no event to analyse in {_profiles(empty)}{why}")
     warnings = [f"rank {rank}: {path} holds no event; the analysis covers the other ranks"
                 for rank, path in zip(empty["rank"], empty["path"], strict=True)]

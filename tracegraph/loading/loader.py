@@ -58,7 +58,7 @@ def load(
                                      notes))
         for profile, rank in parsed:
             rank.rank = forced.get(profile.root, rank.rank)
-        return _merge(Path(path), parsed, profiles, notes)
+        return _merge(Path(printable(str(path))), parsed, profiles, notes)  # shown, not read
 
 
 def _forced_ranks(profiles: list[RankFiles], rank_map: dict[str, int]) -> dict[str, int]:

@@ -132,7 +132,7 @@ def comm_dims(analysis: Analysis) -> np.ndarray:
     dim, else by comm type (all-to-all → ep, P2P → pp, other collectives → dp)."""
     frame, groups = analysis.ops.frame, analysis.trace.groups
     known = dict(zip(groups["group"], groups["dim"], strict=True)) if len(groups) else {}
-    dims = frame["group"].map(known).fillna("")
+    dims = frame["group"].map(known).astype(object).fillna("")  # all unknown: floats
     dims = dims.where(dims.isin(DIMS), "").to_numpy()
     fallback = np.where(frame["comm"] == "alltoall", "ep",
                         np.where(frame["comm"].isin(schema.P2P_COMMS), "pp", "dp"))
