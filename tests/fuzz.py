@@ -138,6 +138,12 @@ def write_json(mutant: Mutant, name: str, doc: object, text: str | None = None) 
     mutant.files[name] = gzip.compress(data, 1) if name.endswith(".gz") else data
 
 
+def _a_trace(rng: random.Random, m: Mutant) -> tuple[str, object]:
+    """One of the mutant's traces, chosen by `rng`, and its JSON document."""
+    name = rng.choice(m.traces())
+    return name, read_json(m, name)
+
+
 def events_of(doc: object) -> list[dict]:
     events = doc.get("traceEvents") if isinstance(doc, dict) else doc
     return events if isinstance(events, list) else []
@@ -157,8 +163,7 @@ BAD_TIMES = (*BAD_NUMBERS, None, -1, -5000.5)
 
 def bad_event_field(rng: random.Random, m: Mutant) -> bool:
     """ts / dur / ids of a few complete events set to out-of-range or unreadable values."""
-    name = rng.choice(m.traces())
-    doc = read_json(m, name)
+    name, doc = _a_trace(rng, m)
     events = complete(doc)
     if not events:
         return False
@@ -202,8 +207,7 @@ def _set(event: dict, key: str, value: object) -> None:
 
 def negate_times(rng: random.Random, m: Mutant) -> bool:
     """Every timestamp of one trace negated (and every duration, sometimes)."""
-    name = rng.choice(m.traces())
-    doc = read_json(m, name)
+    name, doc = _a_trace(rng, m)
     events = complete(doc)
     if not events or name in m.negated:  # twice would give the file back
         return False
@@ -222,8 +226,7 @@ def negate_times(rng: random.Random, m: Mutant) -> bool:
 
 
 def negative_durations(rng: random.Random, m: Mutant) -> bool:
-    name = rng.choice(m.traces())
-    doc = read_json(m, name)
+    name, doc = _a_trace(rng, m)
     events = [e for e in complete(doc) if isinstance(e.get("dur"), int | float)]
     if not events:
         return False
@@ -236,8 +239,7 @@ def negative_durations(rng: random.Random, m: Mutant) -> bool:
 
 def strip_field(rng: random.Random, m: Mutant) -> bool:
     """A field removed from every event: name, ph, ts, dur, cat (told), args, pid, tid."""
-    name = rng.choice(m.traces())
-    doc = read_json(m, name)
+    name, doc = _a_trace(rng, m)
     if not complete(doc):
         return False
     key = rng.choice(("name", "ph", "ts", "dur", "cat", "args", "pid", "tid"))
@@ -252,8 +254,7 @@ def strip_field(rng: random.Random, m: Mutant) -> bool:
 
 def degenerate_events(rng: random.Random, m: Mutant) -> bool:
     """traceEvents emptied, only metadata, not a list, or the whole document not an object."""
-    name = rng.choice(m.traces())
-    doc = read_json(m, name)
+    name, doc = _a_trace(rng, m)
     how = rng.choice(("empty", "metadata", "not a list", "null", "array of numbers"))
     events = [e for e in events_of(doc) if isinstance(e, dict) and e.get("ph") == "M"]
     replacement = {"empty": [], "metadata": events, "not a list": {"a": 1}, "null": None,
@@ -287,8 +288,7 @@ def deep_nesting(rng: random.Random, m: Mutant) -> bool:
 
 def long_names(rng: random.Random, m: Mutant) -> bool:
     """One 16 MiB name (an annotation's or a thread's), or 100 KB names on every event."""
-    name = rng.choice(m.traces())
-    doc = read_json(m, name)
+    name, doc = _a_trace(rng, m)
     events = complete(doc)
     if not events or len(events) > 3000:  # 100 KB each: a few hundred MB is enough
         return False
@@ -314,8 +314,7 @@ ODD_TEXT = ("[/x]", "[bold red]x[/]", "[link=file:///etc/passwd]y[/link]", "\x1b
 
 def odd_names(rng: random.Random, m: Mutant) -> bool:
     """Markup, escape sequences, line breaks and odd code points in names."""
-    name = rng.choice(m.traces())
-    doc = read_json(m, name)
+    name, doc = _a_trace(rng, m)
     events = [e for e in events_of(doc) if isinstance(e, dict)]
     if not events:
         return False
@@ -331,8 +330,7 @@ def odd_names(rng: random.Random, m: Mutant) -> bool:
 
 
 def step_number(rng: random.Random, m: Mutant) -> bool:
-    name = rng.choice(m.traces())
-    doc = read_json(m, name)
+    name, doc = _a_trace(rng, m)
     steps = [e for e in complete(doc) if str(e.get("name", "")).startswith("ProfilerStep#")]
     if not steps:
         return False

@@ -230,14 +230,19 @@ def test_nothing_analysable_is_an_error_naming_the_file(tmp_path: Path, damage: 
     assert not (tmp_path / "out").exists()
 
 
-def test_durations_removed_is_an_error_that_says_why(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("damage", "why"), [("durations removed", "an unreadable duration"),
+                                             ("times negated", "a negative time")])
+def test_every_event_damaged_is_an_error_that_says_why(tmp_path: Path, damage: str,
+                                                       why: str) -> None:
     doc = gloo()
     for event in doc["traceEvents"]:
-        event.pop("dur", None)
+        if damage == "durations removed":
+            event.pop("dur", None)
+        elif isinstance(event.get("ts"), float | int):
+            event["ts"] = -event["ts"]
     code, _, err = cli("analyze", write(tmp_path / "rank0.json", doc), "--no-cache")
     assert code == 2
-    assert f"dropped {RANK0_EVENTS} events ({RANK0_EVENTS} with an unreadable duration)" in \
-        one_error(err)
+    assert f"dropped {RANK0_EVENTS} events ({RANK0_EVENTS} with {why})" in one_error(err)
 
 
 def test_names_removed_are_analysed_with_a_warning(tmp_path: Path) -> None:
@@ -522,17 +527,6 @@ def test_a_tar_of_empty_members_is_refused_with_little_memory(tmp_path: Path) ->
 
 
 # --- silent wrong answers ------------------------------------------------------------------------
-def test_negated_timestamps_are_an_error(tmp_path: Path) -> None:
-    doc = gloo()
-    for event in doc["traceEvents"]:
-        if isinstance(event.get("ts"), float | int):
-            event["ts"] = -event["ts"]
-    code, _, err = cli("analyze", write(tmp_path / "rank0.json", doc), "--no-cache")
-    assert code == 2
-    assert f"dropped {RANK0_EVENTS} events ({RANK0_EVENTS} with a negative time)" in \
-        one_error(err)
-
-
 def test_a_start_a_day_away_from_the_rest_is_dropped(tmp_path: Path) -> None:
     doc = gloo()
     kept(doc)[5]["ts"] += 2 * 86_400e6
