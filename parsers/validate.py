@@ -123,10 +123,9 @@ def _timed(table: pa.Table, tally: _Tally) -> np.ndarray:
 
 def _integers(table: pa.Table, tally: _Tally) -> pa.Table:
     """Unreadable integers (and negative ranks) as NO_INT; negative durations as 0."""
-    dur = table["dur_ns"]
+    dur = table["dur_ns"]  # readable: the rows whose time is not were dropped
     negative = pc.less(dur, 0)
-    tally.note(pc.sum(pc.and_(negative, pc.not_equal(dur, UNREADABLE))).as_py() or 0,
-               "negative durations set to 0")
+    tally.note(pc.sum(negative).as_py() or 0, "negative durations set to 0")
     table = _set(table, "dur_ns", pc.if_else(negative, 0, dur))
     for name in table.column_names:
         field = table.schema.field(name)

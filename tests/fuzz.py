@@ -638,17 +638,18 @@ MUTATIONS: tuple[tuple[Callable[[random.Random, Mutant], bool], int], ...] = (
 def command(rng: random.Random) -> tuple[list[str], bool]:
     """A command line with {bundle} and {out} placeholders, and whether an option is hostile
     (then a usage error, exit 2, is a fine answer)."""
-    which = rng.choices(("analyze", "json", "inventory", "export", "graph", "report", "check"),
-                        (6, 4, 2, 3, 2, 1, 1))[0]
+    which = rng.choices(("analyze", "json", "inventory", "export", "graph", "report", "check",
+                         "diff"), (6, 4, 2, 3, 2, 1, 1, 1))[0]
     args = {"analyze": ["analyze", "{bundle}", "--top", "3"],
             "json": ["analyze", "{bundle}", "--json"],
             "inventory": ["analyze", "{bundle}", "--inventory-only"],
             "export": ["export", "{bundle}", "--parquet", "{out}/tables"],
             "graph": ["graph", "{bundle}", "-o", "{out}/graph.json"],
             "report": ["report", "{bundle}", "-o", "{out}/report.html"],
-            "check": ["check", "{bundle}", "--preset", "hsdp-async-reduction"]}[which]
+            "check": ["check", "{bundle}", "--preset", "hsdp-async-reduction"],
+            "diff": ["diff", "{bundle}", "{bundle}", "--markdown", "{out}/diff.md"]}[which]
     hostile = False
-    if rng.random() < 0.1 and which in ("analyze", "json", "graph", "report", "check"):
+    if rng.random() < 0.1 and which in ("analyze", "json", "graph", "report", "check", "diff"):
         args += ["--threshold-ms", rng.choice(("nan", "inf", "-1", "1e308", "0"))]
         hostile = True
     if rng.random() < 0.05 and which in ("analyze", "json", "report"):
