@@ -526,11 +526,13 @@ def container(rng: random.Random, m: Mutant) -> bool:
     """Packed as tar / tar.gz / zip, sometimes hostile: cut, links, '..', absolute, deep names,
     devices, an unsupported zip method, a garbage zip directory, a name flagged UTF-8 that is
     not."""
-    if m.pack != "dir":
+    if m.pack != "dir" or m.played & _FOLDER_ONLY:  # those tricks do not survive packing
         return False
-    m.pack = rng.choice(("tar", "tar.gz", "zip"))
+    odd_bytes = any(name != os.fsencode(name).decode("utf-8", "replace") for name in m.files)
+    m.pack = rng.choice(("tar", "tar.gz") if odd_bytes else ("tar", "tar.gz", "zip"))
     how = rng.choice(("plain", "plain", "cut", "symlink member", "dotdot", "absolute", "deep",
-                      "device", "zip method", "zip directory", "zip utf-8"))
+                      "device", *(() if odd_bytes else ("zip method", "zip directory",
+                                                        "zip utf-8"))))
     if how == "plain":
         m.note(f"packed as {m.pack}", False)
         return True
@@ -598,7 +600,8 @@ def folder(rng: random.Random, m: Mutant) -> bool:
     """Folder tricks: symlink loops and escapes, a fifo, odd and non-UTF-8 file names, deep
     folders."""
     how = rng.choice(("loop", "escape", "fifo", "odd name", "bytes name", "deep"))
-    if how in m.played:
+    if how in m.played or (m.pack != "dir" and how in _FOLDER_ONLY) or (
+            m.pack == "zip" and how == "bytes name"):  # zipfile cannot write such a name
         return False
     m.played.add(how)
     told = how in ("loop", "escape", "fifo", "deep")
@@ -614,6 +617,9 @@ def folder(rng: random.Random, m: Mutant) -> bool:
         m.tricks.append(partial(_folder_trick, how=how))
     m.note(f"folder: {how}", told)
     return True
+
+
+_FOLDER_ONLY = {"loop", "escape", "fifo", "deep"}  # tricks on the written folder itself
 
 
 def _folder_trick(path: Path, how: str) -> None:
@@ -814,7 +820,10 @@ def run(the_case: Case, workdir: Path, invoke: Callable[[list[str]], Ran] = in_p
     for path in (inputs, outputs):
         path.mkdir(parents=True)
     try:
-        bundle = write(the_case.mutant, inputs)
+        try:
+            bundle = write(the_case.mutant, inputs)
+        except Exception as error:  # the fuzzer's fault, not the tool's: a failure all the same
+            return Outcome(the_case, -1, 0.0, f"the fuzzer could not write it: {error!r}")
         (outputs / "map.json").write_text(RANK_MAPS[the_case.number % len(RANK_MAPS)])
         args = [a.format(bundle=bundle, out=outputs) for a in the_case.args]
         args += ["--no-cache"] if the_case.cache == "none" else ["--cache-dir", str(cache_dir)]
