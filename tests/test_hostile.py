@@ -632,3 +632,23 @@ def test_a_rank_map_that_maps_to_no_rank_is_an_error(tmp_path: Path, mapping: st
     code, _, err = cli("analyze", GLOO / "rank0.json", "--rank-map", tmp_path / "map.json",
                        "--no-cache")
     assert code == 2 and "map.json: " in one_error(err)
+
+
+@pytest.mark.parametrize("command", [
+    ["analyze", "{p}"], ["analyze", "{p}", "--json"], ["report", "{p}", "-o", "{o}/r.html"],
+    ["graph", "{p}", "-o", "{o}/g.json"], ["check", "{p}", "--preset", "hsdp-async-reduction"],
+    ["diff", "{p}", "{p}"]])
+def test_a_profile_of_one_step_marker_and_no_op(tmp_path: Path, command: list[str]) -> None:
+    """A cut trace that kept only its ProfilerStep#100 marker (found by the fuzzer, case 5347:
+    the lane table had no `mode` column when no op was left)."""
+    src = REAL / "kineto/hta/critical_path/cuda_event_sync/event_sync_trace.json.gz"
+    doc = json.loads(gzip.decompress(src.read_bytes()))
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if e.get("ph") == "M"
+                          or e.get("name") == "ProfilerStep#100"]
+    path = write(tmp_path / "rank0.json", doc)
+    code, stdout, err = cli(*(a.format(p=path, o=tmp_path) for a in command), "--no-cache")
+    assert code in (0, 1), err
+    if command[-1] == "--json":
+        summary = json.loads(stdout)
+        assert [r["events"] for r in summary["ranks"]] == [1]
+        assert summary["bubbles"] == []
