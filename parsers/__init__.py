@@ -6,13 +6,14 @@ from parsers.base import GroupInfo, ParsedRank, RankFiles, Reader, TraceError
 
 
 def parse_rank(files: RankFiles, read: Reader) -> ParsedRank:
-    """Parse one rank's profile with the parser of its format."""
-    from parsers import formats  # the format modules load pyarrow: `import parsers` does not
+    """Parse one rank's profile with the parser of its format; whatever the format, its output
+    passes `parsers.validate` (damaged values dropped, clamped and counted in one warning)."""
+    from parsers import formats, validate  # these load pyarrow: `import parsers` does not
 
     fmt = formats.named(files.format)
     if fmt is None:
         raise TraceError(f"{files.root}: unknown profile format {files.format!r}")
-    return fmt.parse(files, read)
+    return validate.checked(fmt.parse(files, read), files.root)
 
 
 __all__ = ["GroupInfo", "ParsedRank", "RankFiles", "Reader", "TraceError", "parse_rank"]

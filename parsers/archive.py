@@ -40,6 +40,8 @@ _OPENERS: tuple[tuple[bytes, Callable[[BinaryIO], BinaryIO]], ...] = (
 )
 _DECODE_ERRORS = (OSError, EOFError, zlib.error, lzma.LZMAError, zipfile.BadZipFile,
                   NotImplementedError)
+_ZIP_ERRORS = (*_DECODE_ERRORS, ValueError, RuntimeError)  # what a garbage zip directory raises
+_ZIP_METHODS = {zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED, zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA}
 _TAR_KINDS = {tarfile.SYMTYPE: "symlink", tarfile.LNKTYPE: "hardlink",
               tarfile.CHRTYPE: "character device", tarfile.BLKTYPE: "block device",
               tarfile.FIFOTYPE: "fifo"}
@@ -54,7 +56,8 @@ class Limits:
     max_member_bytes: int = 64 << 30  # decompressed size of one member
     max_ratio: float = 1000.0  # decompressed / compressed bytes of one stream ...
     ratio_min_bytes: int = 8 << 20  # ... once it has produced this much
-    max_members: int = 1_000_000
+    max_members: int = 100_000  # listing one takes ~30 µs: a flood is refused in seconds
+    max_depth: int = 64  # folders on a member's path
 
     def check_size(self, size: int, where: str) -> None:
         """Refuse a member larger than `max_member_bytes`."""
@@ -69,22 +72,30 @@ class Limits:
                              f"(over {self.max_ratio:g}x, limit max_ratio); "
                              "refusing a possible decompression bomb")
 
+    def check_depth(self, depth: int, where: str) -> None:
+        """Refuse a member nested in more than `max_depth` folders."""
+        if depth > self.max_depth:
+            raise TraceError(f"{where}: nested in more than {self.max_depth} folders "
+                             "(limit max_depth)")
+
     def check_count(self, count: int, where: str) -> None:
         """Refuse an archive with more than `max_members` members."""
         if count > self.max_members:
             raise TraceError(f"{where}: more than {self.max_members} members (limit max_members)")
 
 
-def member_name(raw: str, archive: object) -> str:
-    """The normalized POSIX name of a member; TraceError when it could escape the bundle."""
+def member_name(raw: str, archive: object, limits: Limits) -> str:
+    """The normalized POSIX name of a member; TraceError when it could escape the bundle or
+    nests deeper than `limits` allow."""
     parts = re.split(r"[/\\]", raw)
     name = "/".join(p for p in parts if p not in ("", "."))
+    limits.check_depth(name.count("/"), f"{archive}: member {raw[:200]!r}")
     problem = ("absolute path" if raw[:1] in ("/", "\\") else
                "drive letter" if _DRIVE.match(raw) else
                "'..' component" if ".." in parts else
                "empty name" if not name else "")
     if problem:
-        raise TraceError(f"{archive}: unsafe member {raw!r} ({problem})")
+        raise TraceError(f"{archive}: unsafe member {raw[:200]!r} ({problem})")
     return name
 
 
@@ -223,7 +234,7 @@ class Source:
     def _opened(self, name: str) -> BinaryIO:
         try:
             return self._open(name)
-        except OSError as exc:
+        except _ZIP_ERRORS as exc:
             raise TraceError(f"{self._where(name)}: cannot open ({exc})") from None
 
     def _where(self, name: str) -> str:
@@ -275,6 +286,7 @@ class DirSource(Source):
                 if entry.is_symlink():
                     self._symlink(root, name)
                 elif entry.is_dir(follow_symlinks=False):
+                    self.limits.check_depth(name.count("/") + 1, f"{self.path}: folder {name}")
                     pending.append(name)
                 elif entry.is_file(follow_symlinks=False):
                     self._add(name, root / name)
@@ -292,7 +304,12 @@ class DirSource(Source):
 
     def _symlink(self, root: Path, name: str) -> None:
         """Skip a link: a target inside the bundle is listed under its own name anyway."""
-        if not (root / name).resolve().is_relative_to(root):
+        try:
+            target = (root / name).resolve()
+        except (OSError, RuntimeError):  # a loop (RuntimeError before Python 3.13)
+            self.warn(f"{self.path}: skipped {name}: symlink loop")
+            return
+        if not target.is_relative_to(root):
             self.warn(f"{self.path}: skipped {name}: symlink to outside the bundle")
 
     def _open(self, name: str) -> BinaryIO:
@@ -324,7 +341,7 @@ class ZipSource(Source):
         super().__init__(path, limits)
         try:
             self._zip = zipfile.ZipFile(path)
-        except (zipfile.BadZipFile, OSError) as exc:
+        except _ZIP_ERRORS as exc:  # a name flagged UTF-8 that is not: UnicodeDecodeError
             raise TraceError(f"{path}: not a readable zip archive, truncated or corrupt "
                              f"({exc})") from None
 
@@ -332,7 +349,7 @@ class ZipSource(Source):
         infos = self._zip.infolist()
         self.limits.check_count(len(infos), str(self.path))
         for info in infos:
-            name = member_name(info.filename, self.path)
+            name = member_name(info.filename, self.path, self.limits)
             kind = _ZIP_KINDS.get(stat.S_IFMT(info.external_attr >> 16))
             if kind:
                 raise TraceError(f"{self._where(info.filename)}: {kind} entries are not allowed")
@@ -340,6 +357,10 @@ class ZipSource(Source):
                 continue
             if info.flag_bits & 0x1:
                 raise TraceError(f"{self._where(name)}: encrypted")
+            if info.compress_type not in _ZIP_METHODS:
+                self.warn(f"{self._where(name)}: skipped: compression method "
+                          f"{info.compress_type} is not supported")
+                continue
             self.limits.check_size(info.file_size, self._where(name))
             self.limits.check_ratio(info.file_size, info.compress_size, self._where(name))
             self._add(name, info)
@@ -426,7 +447,7 @@ class TarSource(Source):
 
     def _checked(self, info: tarfile.TarInfo) -> str | None:
         """The member's safe name, None for a folder; TraceError for links and special files."""
-        name = member_name(info.name, self.path)
+        name = member_name(info.name, self.path, self.limits)
         if info.isdir():
             return None
         if not info.isfile() or info.issparse():

@@ -37,7 +37,6 @@ from parsers.ascend_rows import (
     device_kinds,
     device_lane,
     device_step_marks,
-    dur_ns,
     groups,
     hccl_names,
     int64s,
@@ -54,7 +53,7 @@ from parsers.ascend_rows import (
 )
 from parsers.base import Format, ParsedRank, RankFiles, Reader, TraceError
 from parsers.classify import parse_hccl_name
-from parsers.decimal_us import us_to_ns as us_to_ns  # exact µs -> ns, re-exported
+from parsers.values import LABEL_LIMIT, cut, decimal_micros_to_ns, micros_to_ns, to_int
 from tracegraph.schema import (
     COLLECTIVE,
     COMM,
@@ -176,6 +175,8 @@ def decode_trace(member: str, data: bytes, warnings: list[str]) -> list[_Event]:
         raise TraceError(f"{member}: empty file")
     try:
         doc = _DECODER.decode(data)
+    except RecursionError:
+        raise TraceError(f"{member}: JSON nested too deeply to read") from None
     except msgspec.ValidationError as err:
         raise TraceError(f"{member}: unexpected content: {err}") from None
     except msgspec.DecodeError as err:
@@ -192,16 +193,16 @@ def _salvage(member: str, data: bytes, tries: int = 8) -> list[_Event]:
         raise TraceError(f"{member}: truncated, and not a JSON array of events")
     whole = data.rstrip()
     if whole.endswith(b"}"):  # cut right after an event
-        with contextlib.suppress(msgspec.DecodeError):
+        with contextlib.suppress(msgspec.DecodeError, RecursionError):
             return msgspec.json.decode(whole + b"]", type=list[_Event])
     window = 1 << 20
     while True:
         tail_start = max(0, len(data) - window)
         cuts = [tail_start + m.start() for m in _BOUNDARY.finditer(data, tail_start)]
-        for cut in reversed(cuts[-tries:]):
+        for end in reversed(cuts[-tries:]):
             try:
-                return msgspec.json.decode(data[:cut + 1] + b"]", type=list[_Event])
-            except msgspec.DecodeError:
+                return msgspec.json.decode(data[:end + 1] + b"]", type=list[_Event])
+            except (msgspec.DecodeError, RecursionError):
                 continue
         if tail_start == 0:
             return []
@@ -220,8 +221,8 @@ def _base(events: list[_Event], where: str) -> pd.DataFrame:
     """Name, times, pid and tid of a list of complete events."""
     return pd.DataFrame({
         "name": texts([e.name for e in events]),
-        "start_ns": us_to_ns([e.ts for e in events], where),
-        "dur_ns": dur_ns([e.dur for e in events]),
+        "start_ns": decimal_micros_to_ns([e.ts for e in events]),
+        "dur_ns": micros_to_ns([e.dur for e in events]),
         "pid": pd.Series([e.pid for e in events], dtype=object),
         "tid": pd.Series([e.tid for e in events], dtype=object),
     })
@@ -260,7 +261,7 @@ def _split_layers(events: list[_Event],
             if e.name == "process_name":
                 names[e.pid] = str(e.args.name)
             else:
-                ctx.threads[(e.pid, e.tid)] = str(e.args.name)
+                ctx.threads[(e.pid, e.tid)] = cut(str(e.args.name), LABEL_LIMIT)
     ctx.layers = set(names.values())
     layers: dict[str, list[_Event]] = defaultdict(list)
     unknown, guessed, device_pid = set(), [], None
@@ -440,7 +441,7 @@ def _containing_op(tasks: pd.DataFrame, ops: pd.DataFrame) -> pd.Series:
 
 def _plane(thread: str, tid: int, block: int) -> int:
     match = _PLANE_THREAD.fullmatch(thread)
-    return int(match[1]) if match else int(tid) - int(block) - 1
+    return int(match[1]) if match else to_int(tid) - int(block) - 1
 
 
 # --- registration (parsers.formats) ----------------------------------------------------------

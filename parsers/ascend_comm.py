@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import io
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ import msgspec
 
 from parsers.base import GroupInfo, RankFiles, Reader, TraceError
 from parsers.classify import double_hash
+from parsers.values import rank_id
 from tracegraph.schema import NO_INT
 
 Scalar = int | float | str | None
@@ -125,7 +125,8 @@ def load_side(files: RankFiles, read: Reader, warnings: list[str]) -> Side:
         stats = _load(files.files["communication"], read, _Communication, warnings) or {}
         side.ops = _comm_ops(stats, _matrix_links(matrix))
     if "step_trace" in files.files:
-        side.device, side.stages_us = _step_trace(read(files.files["step_trace"]))
+        member = files.files["step_trace"]
+        side.device, side.stages_us = _step_trace(read(member), member, warnings)
     return side
 
 
@@ -134,8 +135,7 @@ def resolve_rank(files: RankFiles, info: dict[str, Any], warnings: list[str],
     """The rank: discovery's hint (a file name, --rank-map), else the `rank_id` that `source`
     states (int or string, -1 = none); a file handed over on its own that states none is rank 0,
     with a warning."""
-    stated = _int_or_none(info.get("rank_id"))
-    stated = None if stated is not None and stated < 0 else stated
+    stated = rank_id(info.get("rank_id"))
     if files.rank is not None:
         if stated is not None and stated != files.rank:
             warnings.append(f"{files.root}: rank_id {stated} in {source} differs from the "
@@ -170,6 +170,8 @@ def _load(member: str, read: Reader, kind: Any, warnings: list[str]) -> Any:
     data = read(member)
     try:
         return msgspec.json.decode(data, type=kind)
+    except RecursionError:
+        raise TraceError(f"{member}: JSON nested too deeply to read") from None
     except msgspec.ValidationError as err:
         raise TraceError(f"{member}: unexpected content: {err}") from None
     except msgspec.DecodeError as err:
@@ -239,25 +241,21 @@ def _step_number(key: str) -> int:
     return int(match[1]) if match else NO_INT
 
 
-def _step_trace(data: bytes) -> tuple[int | None, dict[int, float]]:
+def _step_trace(data: bytes, member: str, warnings: list[str]
+                ) -> tuple[int | None, dict[int, float]]:
     """step_trace_time.csv's `Device_id` (first row, if the column exists) and each step's
     `Stage` (µs)."""
-    rows = list(csv.DictReader(io.StringIO(data.decode("utf-8", errors="replace"))))
-    device = _int_or_none((rows[0].get("Device_id") or "").strip()) if rows else None
+    lines = data.decode("utf-8", errors="replace").splitlines()  # a bare CR ends one too
+    try:
+        rows = list(csv.DictReader(lines))
+    except csv.Error as err:  # e.g. a field over the csv module's size limit
+        warnings.append(f"{member}: unreadable CSV ({err}); device id and step times unknown")
+        return None, {}
+    device = rank_id(rows[0].get("Device_id")) if rows else None
     stages = {}
     for row in rows:
-        step, stage = _int_or_none((row.get("Step") or "").strip()), row.get("Stage") or ""
+        step, stage = rank_id(row.get("Step")), row.get("Stage") or ""
         with contextlib.suppress(ValueError):
             if step is not None:
                 stages[step] = float(stage)
     return device, stages
-
-
-def _int_or_none(value: object) -> int | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str) and re.fullmatch(r"-?\d+", value.strip()):
-        return int(value)
-    return None

@@ -29,7 +29,7 @@ from parsers.ascend_rows import (
 )
 from parsers.base import Reader, TraceError
 from parsers.classify import parse_hccl_name
-from parsers.decimal_us import us_to_ns
+from parsers.values import decimal_micros_to_ns
 from tracegraph.schema import COMM, NO_INT, P2P
 
 ALIASES = {  # our name -> the header each table writes it under
@@ -90,7 +90,7 @@ def _starts(table: pd.DataFrame, member: str) -> np.ndarray:
         numbers = pd.to_numeric(table["start"], errors="coerce")
         if numbers.notna().all() and (numbers > NS_FROM).all():
             return int64s(values)
-    return us_to_ns(values, member)
+    return decimal_micros_to_ns(values)
 
 
 def _device_rows(table: pd.DataFrame, member: str) -> pd.DataFrame:

@@ -19,6 +19,7 @@ from collections.abc import Collection
 
 from parsers.ascend_memory import ROLES as MEMORY_ROLES
 from parsers.base import Found, RankFiles, Sniff, name_rank
+from parsers.values import rank_id
 
 NAME = "ascend"
 DB_FORMAT = "ascend_db"  # the format of the profiles whose data is a profiler database
@@ -68,8 +69,7 @@ def sniff(name: str, head: bytes) -> Sniff:
     "Ascend Hardware" layer), and the rank its name states."""
     if _RAW_INFO.search(name):
         found = _RANK_ID.search(head)
-        rank = int(found.group(1)) if found else -1
-        return Sniff(False, rank if rank >= 0 else None)
+        return Sniff(False, rank_id(int(found.group(1))) if found else None)
     return Sniff(bool(_ASCEND_TRACE.match(head)), name_rank(name))
 
 
@@ -85,7 +85,7 @@ def sniff_db(name: str, head: bytes) -> Sniff:
     named = DB_NAME.search(name)
     profile = bool(named) or (head.startswith(_SQLITE) and b"CREATE TABLE TASK" in head)
     rank = named.group(1) if named else None
-    return Sniff(profile, int(rank) if rank else name_rank(name))
+    return Sniff(profile, rank_id(rank) if rank else name_rank(name))
 
 
 def encloses(name: str) -> bool:
@@ -190,7 +190,7 @@ def _rank(info: str | None, names: list[str], sniffs: dict[str, Sniff]) -> int |
     """The rank in the name `profiler_info_{rank}.json`, else a raw info.json.N's `rank_id`."""
     found = _PROFILER_INFO.match(info or "")
     if found and found.group(1):
-        return int(found.group(1))
+        return rank_id(found.group(1))
     stated = (sniffs[name].rank for name in names
               if name in sniffs and (_RAW_INFO.search(name) or DB_NAME.search(name)))
     return next((rank for rank in stated if rank is not None), None)

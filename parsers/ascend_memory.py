@@ -27,7 +27,7 @@ import pandas as pd
 import pyarrow as pa
 
 from parsers.base import RankFiles, Reader
-from parsers.decimal_us import DECIMAL, us_to_ns
+from parsers.values import DECIMAL, decimal_micros_to_ns
 from tracegraph import schema
 from tracegraph.schema import NO_INT
 
@@ -120,7 +120,7 @@ def memory(files: RankFiles, read: Reader, rank: int, warnings: list[str]) -> pa
         frame.columns = [c.strip() for c in frame.columns]
         frame = _exact_times(frame, member, warnings)
         try:
-            rows = _CSV_READERS[role](frame, lambda values, at=member: us_to_ns(values, at))
+            rows = _CSV_READERS[role](frame, decimal_micros_to_ns)
         except KeyError as missing:
             warnings.append(f"{member}: no {missing} column; its memory rows skipped")
             continue

@@ -22,7 +22,8 @@ import pyarrow.compute as pc
 from parsers.ascend_comm import Side
 from parsers.base import GroupInfo, RankFiles
 from parsers.classify import HcclName, comm_kind, comm_type, double_hash, parse_hccl_name
-from parsers.decimal_us import us_to_ns
+from parsers.values import decimal_micros_to_ns, ints, micros_to_ns, to_int
+from parsers.values import texts as capped_texts
 from tracegraph import schema
 from tracegraph.schema import (
     COMM,
@@ -54,30 +55,18 @@ Scalar = int | float | str | None
 
 
 def dur_ns(values: Sequence[Scalar]) -> np.ndarray:
-    """Float µs -> ns, round(dur * 1000); missing -> 0."""
-    try:
-        us = np.asarray(values, dtype=np.float64)
-    except (TypeError, ValueError):
-        us = pd.to_numeric(pd.Series(values, dtype=object), errors="coerce").to_numpy(np.float64)
-    return np.rint(np.nan_to_num(us) * 1000).astype(np.int64)
+    """Float µs -> ns; UNREADABLE where missing or unreadable (counted by `parsers.validate`)."""
+    return micros_to_ns(values)
 
 
 def int64s(values: Sequence[Scalar]) -> np.ndarray:
-    """Integers with NO_INT where missing or unreadable."""
-    try:
-        return pc.fill_null(pa.array(values, type=pa.int64()), NO_INT).to_numpy()
-    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
-        numbers = pd.to_numeric(pd.Series(values, dtype=object), errors="coerce")
-        return numbers.fillna(NO_INT).to_numpy(np.int64)
+    """Integers with NO_INT where missing, UNREADABLE where unreadable."""
+    return ints(values)
 
 
 def texts(values: Sequence[Scalar]) -> pd.Series:
-    """Strings with "" where missing."""
-    try:
-        array = pa.array(values, type=pa.string())
-    except (pa.ArrowInvalid, pa.ArrowTypeError):
-        array = pa.array([None if v is None else str(v) for v in values], type=pa.string())
-    return pc.fill_null(array, "").to_pandas()
+    """Strings with "" where missing, cut to NAME_LIMIT."""
+    return pc.fill_null(capped_texts(values), "").to_pandas()
 
 
 def local_ranks(values: Sequence[Scalar]) -> np.ndarray:
@@ -91,7 +80,7 @@ def notify_ids(values: Sequence[Scalar]) -> pd.Series:
     ids = texts(values)
     hexa = ids.str.startswith("0x")
     if hexa.any():
-        ids[hexa] = ids[hexa].map(lambda s: str(int(s, 16)))
+        ids[hexa] = ids[hexa].map(lambda s: str(n) if (n := to_int(s)) >= 0 else "")
     return ids.where(~ids.isin(INVALID_NOTIFY), "")
 
 
@@ -195,7 +184,7 @@ def step_numbers(names: pd.Series) -> np.ndarray:
     steps = pc.fill_null(pc.starts_with(text, "ProfilerStep#"), False).to_numpy(
         zero_copy_only=False)
     found = names[steps].str.extract(r"^ProfilerStep#(\d+)$")[0]
-    numbers[steps] = pd.to_numeric(found).fillna(NO_INT).to_numpy(np.int64)
+    numbers[steps] = ints(found.fillna("").tolist())
     return numbers
 
 
@@ -316,8 +305,8 @@ def comm_only_frame(ctx: Context) -> pd.DataFrame:
     ops = ctx.side.ops
     frame = pd.DataFrame({
         "name": [op.name for op in ops],
-        "start_ns": us_to_ns([op.start_us for op in ops], ctx.where),
-        "dur_ns": np.rint(np.array([op.elapse_ms for op in ops]) * 1e6).astype(np.int64),
+        "start_ns": decimal_micros_to_ns([op.start_us for op in ops]),
+        "dur_ns": micros_to_ns([op.elapse_ms for op in ops], unit_us=1e3),
         "group": [op.group for op in ops], "step": [op.step for op in ops],
     })
     hccl_names(frame)
@@ -349,7 +338,8 @@ def concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
 def table(frame: pd.DataFrame, rank: int) -> pa.Table:
     """The EVENTS table, sorted by start time."""
     frame = frame.sort_values("start_ns", kind="stable", ignore_index=True).assign(rank=rank)
-    columns = {c.name: pa.array(frame[c.name], type=c.type) for c in schema.EVENTS}
+    columns = {c.name: frame[c.name].to_numpy() if pa.types.is_integer(c.type)
+               else pa.array(frame[c.name], type=c.type) for c in schema.EVENTS}
     return schema.events_table(columns, len(frame))
 
 

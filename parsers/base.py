@@ -61,6 +61,8 @@ class ParsedRank:
     meta: dict[str, object] = field(default_factory=dict)  # RANKS columns: framework, version, ...
     warnings: list[str] = field(default_factory=list)
     memory: pa.Table | None = None  # tracegraph.schema.MEMORY; None when the profile has none
+    damaged: dict[str, int] = field(default_factory=dict)  # raw values the parser could not use
+    # and no column shows, by what they were: `parsers.validate` counts them with its own
 
 
 Reader = Callable[[str], bytes]
@@ -114,5 +116,7 @@ class Format:
 
 def name_rank(name: str) -> int | None:
     """The rank a file name states (`rank3`, `rank-3`, `rank_3`, `worker3`), else None."""
+    from parsers.values import rank_id  # values sits above base
+
     found = _NAME_RANK.search(posixpath.basename(name))
-    return int(found.group(1)) if found else None
+    return rank_id(found.group(1)) if found else None

@@ -9,11 +9,13 @@ the members the earlier ones left. Members are read in place through `parsers.ar
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 from parsers import formats
 from parsers.archive import ARCHIVE_SUFFIXES, Limits, Source, open_source
 from parsers.base import Format, Found, RankFiles, Sniff, TraceError, name_rank
+from parsers.values import printable
 
 Sniffs = dict[str, dict[str, Sniff]]  # member -> format name -> what its first bytes said
 
@@ -74,7 +76,7 @@ def open_bundle(path: str | Path, limits: Limits | None = None) -> Bundle:
         sniffs = source.scan(_wanted, _sniff)
         profiles, notes = discover(list(source.members), sniffs, path.resolve().name)
         if not profiles:
-            raise _nothing_found(path)
+            raise _nothing_found(path, source.warnings)
     except BaseException:
         source.close()
         raise
@@ -82,11 +84,13 @@ def open_bundle(path: str | Path, limits: Limits | None = None) -> Bundle:
     return Bundle(path, source, profiles)
 
 
-def _nothing_found(path: Path) -> TraceError:
+def _nothing_found(path: Path, warnings: list[str]) -> TraceError:
     families = dict.fromkeys(fmt.name.partition("_")[0].capitalize() for fmt in formats.FORMATS)
     kinds = " or ".join(families)
     looked_for = ", ".join(fmt.looked_for for fmt in formats.FORMATS if fmt.looked_for)
-    return TraceError(f"{path}: no {kinds} profile found (looked for {looked_for})")
+    why = "".join(f"; {w}" for w in warnings[:1]) + (
+        f" (and {len(warnings) - 1} more)" if len(warnings) > 1 else "")
+    return TraceError(f"{path}: no {kinds} profile found (looked for {looked_for}){why}")
 
 
 def _suffixes() -> tuple[str, ...]:
@@ -127,7 +131,8 @@ def _sniff(name: str, head: bytes) -> dict[str, Sniff]:
 # -- discovery -----------------------------------------------------------------------------------
 def discover(names: list[str], sniffs: Sniffs,
              label: str = "") -> tuple[list[RankFiles], list[str]]:
-    """The profiles among the member `names`, and notes (`label`: the bundle's folder name)."""
+    """The profiles among the member `names`, and notes (`label`: the bundle's folder name). A
+    profile's `root` is for messages: printable on one line, whatever bytes name the file."""
     notes: list[str] = []
     profiles: list[RankFiles] = []
     for fmt in formats.FORMATS:
@@ -139,7 +144,7 @@ def discover(names: list[str], sniffs: Sniffs,
         shown = ", ".join(ignored[:5]) + (", ..." if len(ignored) > 5 else "")
         notes.append(f"ignored {len(ignored)} {kind} file(s) that are not profiles: {shown}")
     profiles.sort(key=lambda p: (p.rank is None, p.rank or 0, p.root))
-    return profiles, notes
+    return [replace(p, root=printable(p.root)) for p in profiles], notes
 
 
 def _ignored(names: list[str]) -> dict[str, list[str]]:

@@ -35,6 +35,18 @@ import pyarrow.compute as pc
 from parsers.base import Format, GroupInfo, ParsedRank, RankFiles, Reader, Sniff, TraceError
 from parsers.classify import P2P_COMMS, comm_kind, comm_type
 from parsers.groups import Members, global_peers, own_groups
+from parsers.values import (
+    LABEL_LIMIT,
+    UNREADABLE,
+    capped,
+    cut,
+    int64,
+    ints,
+    micros_to_ns,
+    rank_id,
+    texts,
+    to_int,
+)
 from tracegraph import schema
 from tracegraph.schema import NO_INT
 
@@ -79,8 +91,8 @@ class _Fields(msgspec.Struct, frozen=True, gc=False):
     name: str = ""
     pid: Any = None
     tid: Any = None
-    ts: float = 0.0
-    dur: float = 0.0
+    ts: float | str | None = None  # text and absence are read (and counted) by parsers.values
+    dur: float | str | None = None
     args: _Args = _NO_ARGS
 
 
@@ -154,11 +166,15 @@ def _decode(raw: bytes, root: str) -> tuple[_Trace, list[str]]:
         raise TraceError(f"{root}: empty file")
     try:
         trace, warnings = _decode_doc(raw), []
+    except RecursionError:
+        raise TraceError(f"{root}: JSON nested too deeply to read") from None
     except msgspec.ValidationError as exc:
         raise TraceError(f"{root}: not a Kineto trace ({exc})") from None
     except msgspec.DecodeError as exc:
         if "truncated" not in str(exc):
             raise TraceError(f"{root}: invalid JSON ({exc})") from None
+        trace, warnings = None, []
+    if trace is None:
         trace, warnings = _recover(raw, root)
     if trace.traceEvents is None:
         raise TraceError(f"{root}: no traceEvents array (not a Kineto trace)")
@@ -168,18 +184,18 @@ def _decode(raw: bytes, root: str) -> tuple[_Trace, list[str]]:
 def _recover(raw: bytes, root: str) -> tuple[_Trace, list[str]]:
     """Cut a truncated trace at its last complete event and close the array."""
     start = raw.find(b'"traceEvents"')
-    cut = raw.rfind(b"},", start) if start >= 0 else -1
+    end = raw.rfind(b"},", start) if start >= 0 else -1
     for _ in range(_RECOVERY_TRIES):
-        if cut < 0:
+        if end < 0:
             break
         try:
-            trace = _decode_doc(raw[: cut + 1] + b"]}")
-        except msgspec.DecodeError:
-            cut = raw.rfind(b"},", start, cut)
+            trace = _decode_doc(raw[: end + 1] + b"]}")
+        except (msgspec.DecodeError, RecursionError):
+            end = raw.rfind(b"},", start, end)
             continue
         kept = len(trace.traceEvents or ())
         return trace, [f"{root}: truncated JSON, kept the {kept} complete events "
-                       f"(first {cut + 1} of {len(raw)} bytes)"]
+                       f"(first {end + 1} of {len(raw)} bytes)"]
     raise TraceError(f"{root}: truncated JSON, no complete event in traceEvents")
 
 
@@ -214,49 +230,21 @@ def sniff_rank(head: bytes) -> int | None:
         return None
     try:
         info, _ = json.JSONDecoder().raw_decode(head[found.end():].decode("utf-8", "replace"))
-    except ValueError:  # the object runs past the head: its "rank" comes before pg_config
-        key = _RANK_KEY.search(head, found.end())
-        return int(key[1]) if key else None
+    except (ValueError, RecursionError):  # the object runs past the head (its "rank" comes
+        key = _RANK_KEY.search(head, found.end())  # before pg_config), or nests too deep
+        return rank_id(int(key[1])) if key else None
     return _rank_of(info)
 
 
 def _rank_of(info: object) -> int | None:
-    rank = _int(info.get("rank")) if isinstance(info, dict) else NO_INT
-    return rank if rank >= 0 else None
+    return rank_id(info.get("rank")) if isinstance(info, dict) else None
 
 
 # --- small value helpers ---------------------------------------------------------------------
-def _int(value: object) -> int:
-    """An int from a JSON value (number, decimal or hex string); NO_INT when there is none."""
-    if isinstance(value, int | float):
-        return int(value)
-    if isinstance(value, str):
-        try:
-            return int(value, 0)
-        except ValueError:
-            return int(value) if value.strip().isdigit() else NO_INT
-    return NO_INT
-
-
-def _ints(values: list) -> np.ndarray:
-    """An int64 column from JSON values; falls back to per-value conversion for odd types."""
-    try:
-        return np.fromiter(values, np.int64, len(values))
-    except (TypeError, ValueError, OverflowError):
-        return np.array([_int(v) for v in values], dtype=np.int64)
-
-
-def _ns(micros: np.ndarray) -> np.ndarray:
-    """µs floats -> int64 ns; only the fraction is scaled, so epoch µs (~1.7e15) lose nothing
-    beyond what the float already lost."""
-    whole = np.floor(micros)
-    return whole.astype(np.int64) * 1000 + np.rint((micros - whole) * 1e3).astype(np.int64)
-
-
 def _json(raw: msgspec.Raw) -> Any:
     try:
         return msgspec.json.decode(raw) if len(raw) else None
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
         return None
 
 
@@ -278,7 +266,7 @@ _ITEMSIZE = {  # c10 ScalarType names (record_param_comms dtype) and C++ names (
 
 def _nbytes(nelems: int, dtype: str) -> int:
     size = _ITEMSIZE.get(dtype.lower())
-    return nelems * size if size and nelems >= 0 else NO_INT
+    return int64(nelems * size) if size and nelems >= 0 else NO_INT
 
 
 # --- categories ------------------------------------------------------------------------------
@@ -295,6 +283,7 @@ _CAT_KIND = np.array([_KIND_CODE[k] for k in (
 _THREAD_NAME = re.compile(r"^thread \d+ \((.*)\)$")
 _GLOO_THREADS_PER_GROUP = 2  # ProcessGroupGloo's default worker count
 _RELATIVE_BELOW_NS = 10**17  # ~3 years after the epoch: such ts count from baseTimeNanoseconds
+_LATEST_BASE_NS = 1 << 62  # ~2116
 
 
 # --- interval lookups ------------------------------------------------------------------------
@@ -351,14 +340,16 @@ class _Rank:
         n = self.n = len(ev)
         self.cat = np.fromiter(map(_CATS.__getitem__, map(_CAT, ev)), np.int8, n)
         self.names = list(map(_NAME, ev))
-        self.name_arr = pa.array(self.names, pa.string())
-        self.start = base_ns + _ns(np.fromiter(map(_TS, ev), np.float64, n))
-        self.dur = _ns(np.fromiter(map(_DUR, ev), np.float64, n))
+        self.name_arr = texts(self.names)
+        ts = micros_to_ns(list(map(_TS, ev)))  # since the clock base, never before: a negative
+        self.start = np.where((ts == UNREADABLE) | (ts < 0), ts, base_ns + ts)  # one is damage
+        self.dur = micros_to_ns(list(map(_DUR, ev)))
         self.end = self.start + self.dur
-        self.corr = _ints(list(map(_CORRELATION, ev)))
-        self.autograd = np.where(self.cat == CPU_OP, _ints(list(map(_AUTOGRAD, ev))), NO_INT)
+        self.corr = ints(list(map(_CORRELATION, ev)))
+        self.autograd = np.where(self.cat == CPU_OP, ints(list(map(_AUTOGRAD, ev))), NO_INT)
         self.device = np.isin(self.cat, _DEVICE_CATS)
-        self.thread = np.where(self.device, NO_INT, _ints(list(map(_TID, ev))))  # host tid
+        tids = ints(list(map(_TID, ev)))
+        self.thread = np.where(self.device, NO_INT, tids)  # host tid
         self.kind = _CAT_KIND[self.cat]
         self.comm = np.full(n, "", dtype=object)
         self.group = np.full(n, "", dtype=object)
@@ -367,7 +358,15 @@ class _Rank:
          self.src_rank, self.dst_rank) = (np.full(n, NO_INT, dtype=np.int64) for _ in range(9))
         self.parent = np.full(n, -1, dtype=np.int64)  # launch / issuing host op of a row
         self.warnings: list[str] = []
+        self.damaged: dict[str, int] = {}
+        self.unreadable("host thread ids unreadable", self.thread)
         self._masks: dict[str, np.ndarray] = {}
+
+    def unreadable(self, what: str, values: np.ndarray) -> np.ndarray:
+        """`values`, its UNREADABLE ones counted as damage (`what`)."""
+        if count := int((values == UNREADABLE).sum()):
+            self.damaged[what] = self.damaged.get(what, 0) + count
+        return values
 
     def release(self) -> None:
         """Drop the decoded events (and, through their raw args, the file's bytes): from here
@@ -419,8 +418,8 @@ def _args_comm(args: _Args) -> tuple[str, str, int, int, int, str]:
     group = args.pg_name if args.pg_name is not None else args.pg_id
     peer = args.dst if comm == "send" else args.src if comm == "recv" else None
     dtype = str(args.dtype or "")
-    return (comm, "" if group is None else str(group), _int(peer), _int(args.seq),
-            _nbytes(_int(args.nelems), dtype), dtype)
+    return (comm, "" if group is None else str(group), to_int(peer), to_int(args.seq),
+            _nbytes(to_int(args.nelems), dtype), dtype)
 
 
 def _host_comm(r: _Rank) -> None:
@@ -449,7 +448,7 @@ def _p2p_peers(r: _Rank) -> None:
         inputs = _json(r.ev[row].args.inputs)
         if isinstance(inputs, list) and len(inputs) >= 4:
             local = r.dst_rank if r.comm[row] == "send" else r.src_rank
-            local[row], r.event_id[row] = _int(inputs[2]), _int(inputs[3])
+            local[row], r.event_id[row] = to_int(inputs[2]), to_int(inputs[3])
     gloo = r.rows((ANNOTATION,), "gloo:")
     gloo = gloo[np.isin(r.comm[gloo], ("send", "recv"))]
     outer = r.enclosing(calls, gloo)
@@ -560,8 +559,8 @@ def _thread_names(r: _Rank) -> dict[int, str]:
     chosen: dict[int, str] = {}
     for e in r.meta_events:
         match = _THREAD_NAME.match(str(e.args.name)) if e.name == "thread_name" else None
-        if match and (match[1] != process.get(e.pid) or _int(e.tid) not in chosen):
-            chosen[_int(e.tid)] = match[1]
+        if match and (match[1] != process.get(e.pid) or to_int(e.tid) not in chosen):
+            chosen[to_int(e.tid)] = cut(match[1], LABEL_LIMIT)  # on every row of the thread
     return chosen
 
 
@@ -702,7 +701,7 @@ def _device_ids(r: _Rank) -> None:
     """`pid` (the device) and `stream` of the device rows."""
     device = np.flatnonzero(r.device)
     r.stream[device] = _device_streams(r, device)
-    r.pid[device] = _ints([r.ev[i].pid for i in device])
+    r.pid[device] = r.unreadable("device ids unreadable", ints([r.ev[i].pid for i in device]))
 
 
 def _device_streams(r: _Rank, device: np.ndarray) -> np.ndarray:
@@ -712,7 +711,7 @@ def _device_streams(r: _Rank, device: np.ndarray) -> np.ndarray:
     for k in np.flatnonzero(r.cat[device] == SYNC).tolist():
         if r.ev[device[k]].args.stream is not None:
             values[k] = r.ev[device[k]].args.stream
-    return _stream_ids(_ints(values))
+    return _stream_ids(r.unreadable("stream ids unreadable", ints(values)))
 
 
 def _stream_ids(streams: np.ndarray) -> np.ndarray:
@@ -724,10 +723,10 @@ def _sync_and_copies(r: _Rank) -> None:
     """cuda_sync: the stream and record an event wait is on; memcpy / memset sizes."""
     for row in r.rows((SYNC,)).tolist():
         args = r.ev[row].args
-        r.wait_on[row], r.event_id[row] = _int(args.wait_stream), _int(args.wait_corr)
+        r.wait_on[row], r.event_id[row] = to_int(args.wait_stream), to_int(args.wait_corr)
     r.wait_on[:] = _stream_ids(r.wait_on)
     copies = r.rows((MEMCPY, MEMSET))
-    r.nbytes[copies] = _ints([r.ev[i].args.nbytes for i in copies])
+    r.nbytes[copies] = ints([r.ev[i].args.nbytes for i in copies])
 
 
 # --- step and annotation ---------------------------------------------------------------------
@@ -744,8 +743,8 @@ def _context(r: _Rank) -> tuple[np.ndarray, pa.Array]:
     users = r.rows((ANNOTATION,))
     users = users[~(r.prefixed("ProfilerStep#") | r.prefixed("gloo:")
                     | r.prefixed("nccl:"))[users]]
-    step_no = np.full(r.n + 1, NO_INT, dtype=np.int32)
-    step_no[steps] = [int(m[1]) for m in marks if m]
+    step_no = np.full(r.n + 1, NO_INT, dtype=np.int64)
+    step_no[steps] = [int64(int(m[1])) for m in marks if m]
     step = step_no[_cover(steps, r.start[steps], r.end[steps], r.start)]
     label = np.full(r.n, -1, dtype=np.int64)
     host = np.flatnonzero(~r.device)
@@ -755,8 +754,8 @@ def _context(r: _Rank) -> tuple[np.ndarray, pa.Array]:
     child = np.flatnonzero(r.parent >= 0)
     step[child], label[child] = step[r.parent[child]], label[r.parent[child]]
     label[r.device & (r.parent < 0)] = -1
-    names = pa.concat_arrays([r.name_arr, pa.array([""], pa.string())])
-    return step, names.take(pa.array(np.where(label >= 0, label, r.n)))
+    labels = pa.concat_arrays([capped(r.name_arr, LABEL_LIMIT), pa.array([""], pa.string())])
+    return step, labels.take(pa.array(np.where(label >= 0, label, r.n)))
 
 
 # --- memory ----------------------------------------------------------------------------------
@@ -767,20 +766,22 @@ def _memory(events: list, base_ns: int, rank: int) -> pa.Table | None:
     """The allocator's `[memory]` instant events (profile_memory=True): after each allocation
     (Bytes > 0) or release (Bytes < 0), the device's Total Allocated / Total Reserved."""
     rows = [e for e in events if getattr(e, "ph", "") == "i" and e.name == "[memory]"]
+    ts = micros_to_ns([e.ts for e in rows])
+    rows = [e for e, t in zip(rows, ts, strict=True) if t != UNREADABLE]  # damaged: not drawn
     if not rows:
         return None
     args = [e.args for e in rows]
-    kind = [_int(a.device_type) for a in args]
-    index = [_int(a.device_id) for a in args]
+    kind = [to_int(a.device_type) for a in args]
+    index = [to_int(a.device_id) for a in args]
     device = [_DEVICE_TYPES.get(k, f"device{k}") + (f":{i}" if i >= 0 and k else "")
               for k, i in zip(kind, index, strict=True)]
     count = len(rows)
     return schema.memory_table({
         "rank": np.full(count, rank, dtype=np.int32),
-        "start_ns": base_ns + _ns(np.fromiter((e.ts for e in rows), np.float64, count)),
-        "allocated": _ints([a.allocated for a in args]),
-        "reserved": _ints([a.reserved for a in args]),
-        "bytes": _ints([a.mem_bytes for a in args]), "component": ["allocator"] * count,
+        "start_ns": base_ns + ts[ts != UNREADABLE],
+        "allocated": ints([a.allocated for a in args]),
+        "reserved": ints([a.reserved for a in args]),
+        "bytes": ints([a.mem_bytes for a in args]), "component": ["allocator"] * count,
         "device": device, "source": ["kineto"] * count}, count)
 
 
@@ -794,8 +795,8 @@ def _device_memory(trace: _Trace, r: _Rank, memory: pa.Table | None) -> int:
         named = [d for d in memory.column("device").to_pylist() if ":" in d]
         index = int(named[0].rsplit(":", 1)[1]) if named else NO_INT
     for device in devices:
-        if isinstance(device, dict) and _int(device.get("id")) == max(index, 0):
-            return _int(device.get("totalGlobalMem"))
+        if isinstance(device, dict) and to_int(device.get("id")) == max(index, 0):
+            return to_int(device.get("totalGlobalMem"))
     return NO_INT
 
 
@@ -805,11 +806,11 @@ def _group_ranks(value: object, size: object) -> tuple[int, ...]:
     if isinstance(value, str):
         try:
             value = json.loads(value)
-        except ValueError:
+        except (ValueError, RecursionError):
             return ()
-    if not isinstance(value, list) or (_int(size) > 0 and len(value) != _int(size)):
+    if not isinstance(value, list) or (to_int(size) > 0 and len(value) != to_int(size)):
         return ()
-    return tuple(sorted(_int(v) for v in value))
+    return tuple(sorted(to_int(v) for v in value))
 
 
 def _pg_config_groups(pg_config: list) -> dict[str, GroupInfo]:
@@ -820,7 +821,7 @@ def _pg_config_groups(pg_config: list) -> dict[str, GroupInfo]:
             gid = str(pg["pg_name"])
             groups[gid] = GroupInfo(gid, gid, str(pg.get("pg_desc", "") or ""),
                                     _group_ranks(pg.get("ranks"), pg.get("pg_size")), "pg_config",
-                                    max(_int(pg.get("pg_size")), 0))
+                                    max(to_int(pg.get("pg_size")), 0))
     return groups
 
 
@@ -834,7 +835,7 @@ def _groups(r: _Rank, stated: dict[str, GroupInfo]) -> list[GroupInfo]:
         if gid not in groups and args.collective is not None:
             groups[gid] = GroupInfo(gid, gid, str(args.pg_desc or ""),
                                     _group_ranks(args.pg_ranks, args.group_size),
-                                    "Process Group Ranks", max(_int(args.group_size), 0))
+                                    "Process Group Ranks", max(to_int(args.group_size), 0))
     return list(groups.values())
 
 
@@ -852,7 +853,7 @@ def _meta(trace: _Trace, info: dict, root: str, base_ns: int, rows: int) -> dict
         "framework": "pytorch", "format": "kineto", "path": root,
         "version": ";".join(f"{k}={v}" for k, v in versions if v is not None),
         "device": str(device), "backend": str(info.get("backend", "") or ""),
-        "world_size": _int(info.get("world_size")), "clock_base_ns": base_ns, "events": rows,
+        "world_size": to_int(info.get("world_size")), "clock_base_ns": base_ns, "events": rows,
         "host": str(trace.host_name or ""),
     }
 
@@ -863,18 +864,24 @@ def parse(files: RankFiles, read: Reader) -> ParsedRank:
     trace, warnings = _decode(read(files.files["trace"]), files.root)
     info = trace.distributedInfo if isinstance(trace.distributedInfo, dict) else {}
     rank = _rank_of(info)
+    damaged = {f"distributedInfo.rank {info['rank']!r:.40} (no rank id)": 1} if (
+        rank is None and info.get("rank") is not None) else {}
     rank = files.rank if rank is None else rank
     if rank is None:
         raise TraceError(f"{files.root}: no rank id (no distributedInfo.rank, none in the file "
                          f"name); pass --rank-map")
-    base_ns = max(_int(trace.baseTimeNanoseconds), 0)
+    base_ns = _clock_base(trace.baseTimeNanoseconds, files.root)
     pg_config = info.get("pg_config") if isinstance(info.get("pg_config"), list) else []
     stated = _pg_config_groups(pg_config)
     own = own_groups(rank, stated.values())
     memory = _memory(trace.traceEvents or [], base_ns, rank)
     r = _Rank(trace, base_ns)
+    if not r.n:
+        warnings.append(f"{files.root}: no complete event (\"ph\": \"X\") of a profiler "
+                        "category")
     trace.traceEvents = None  # the events the table does not keep (flows, instants) go now
-    if trace.baseTimeNanoseconds is None and r.n and r.start.min() < _RELATIVE_BELOW_NS:
+    timed = r.start[r.start != UNREADABLE]
+    if trace.baseTimeNanoseconds is None and len(timed) and timed.min() < _RELATIVE_BELOW_NS:
         # kineto builds of 2024-25 write the base after traceEvents: a cut file loses it
         r.warnings.append(f"{files.root}: ts are relative but baseTimeNanoseconds is missing: "
                           f"the clock base is unknown")
@@ -895,7 +902,16 @@ def parse(files: RankFiles, read: Reader) -> ParsedRank:
     meta = _meta(trace, info, files.root, base_ns, r.n) | _cross_rank_meta(r, executed)
     meta["device_memory"] = _device_memory(trace, r, memory)
     return ParsedRank(rank=rank, events=_table(r, rank, names, workers), groups=groups,
-                      meta=meta, warnings=warnings + r.warnings, memory=memory)
+                      meta=meta, warnings=warnings + r.warnings, memory=memory,
+                      damaged=damaged | r.damaged)
+
+
+def _clock_base(value: object, root: str) -> int:
+    """baseTimeNanoseconds (0 when absent); TraceError when it is no epoch time in ns."""
+    base = to_int(value, missing=0)
+    if not 0 <= base <= _LATEST_BASE_NS:
+        raise TraceError(f"{root}: baseTimeNanoseconds {value!r:.40} is no time since the epoch")
+    return base
 
 
 def _table(r: _Rank, rank: int, names: dict[int, str], workers: np.ndarray) -> pa.Table:

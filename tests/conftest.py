@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -15,6 +16,24 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 REAL = SHARED / "real_traces"
 SAMPLES = REPO / "sample_traces"
+
+
+QUICK_FUZZ_CASES = 160
+"""Fuzz cases in a plain run (CI); `--fuzz-cases N` or TRACEGRAPH_FUZZ_CASES=N for a long run."""
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--fuzz-cases", type=int, default=None,
+                     help=f"fuzz cases to run (default {QUICK_FUZZ_CASES}, or "
+                          "$TRACEGRAPH_FUZZ_CASES)")
+
+
+@pytest.fixture(scope="session")
+def fuzz_cases(request: pytest.FixtureRequest) -> int:
+    """How many fuzz cases this run covers."""
+    given = request.config.getoption("--fuzz-cases")
+    return given if given is not None else int(os.environ.get("TRACEGRAPH_FUZZ_CASES")
+                                               or QUICK_FUZZ_CASES)
 
 
 @pytest.fixture(scope="session")

@@ -19,7 +19,7 @@ import pytest
 from parsers.ascend import parse
 from parsers.base import GroupInfo, ParsedRank, RankFiles, TraceError
 from parsers.classify import double_hash
-from parsers.decimal_us import us_to_ns
+from parsers.values import decimal_micros_to_ns
 from tracegraph.simulate import write_ascend
 from tracegraph.simulate.bundle_writer import clock_shift
 from tracegraph.simulate.timeline import TIMELINE_COLUMNS, StepSpan, Timeline
@@ -117,7 +117,7 @@ def test_ddp8_exact_ns_conversion() -> None:
     assert op["start_ns"] == 1736408883732241564
     assert op["dur_ns"] == 79089520
     assert float("1736408883732241.564") * 1000 != 1736408883732241564  # why floats are banned
-    got = us_to_ns(["1736412474757059.740", "12", "5.5", "0.0004", 1.25, 7], "test")
+    got = decimal_micros_to_ns(["1736412474757059.740", "12", "5.5", "0.0004", 1.25, 7])
     assert list(got) == [1736412474757059740, 12000, 5500, 0, 1250, 7000]
 
 

@@ -94,11 +94,24 @@ def test_archive_loads_like_the_folder(real: Path, tmp_path: Path) -> None:
     assert from_tar.events["start_ns"].sum() == from_dir.events["start_ns"].sum()
 
 
-def test_duplicate_ranks_are_refused(real: Path, tmp_path: Path) -> None:
+def test_two_different_profiles_of_one_rank_are_refused(real: Path, tmp_path: Path) -> None:
+    """rank0.json of the job and of its fixed rerun both state rank 0: which is meant cannot
+    be told."""
+    shutil.copy(real / GLOO / "rank0.json", tmp_path / "a.json")
+    shutil.copy(real / "kineto/gloo_pp2_dp2_fixed/rank0.json", tmp_path / "b.json")
+    with pytest.raises(TraceError, match=r"b\.json: duplicate rank 0 \(also a\.json\)"):
+        tracegraph.load(tmp_path, use_cache=False)
+
+
+def test_a_copy_of_a_profile_is_read_once_with_a_warning(real: Path, tmp_path: Path) -> None:
     shutil.copy(real / GLOO / "rank0.json", tmp_path / "a.json")
     shutil.copy(real / GLOO / "rank0.json", tmp_path / "b.json")
-    with pytest.raises(TraceError, match="duplicate rank 0"):
-        tracegraph.load(tmp_path, use_cache=False)
+    trace = tracegraph.load(tmp_path, use_cache=False)
+    assert trace.rank_ids == [0]
+    assert list(trace.ranks["path"]) == ["a.json"]
+    assert len(trace.events) == len(tracegraph.load(real / GLOO / "rank0.json",
+                                                    use_cache=False).events)
+    assert "rank 0: b.json is a copy of a.json; read once" in trace.warnings
 
 
 def test_rank_map_names_a_rankless_profile(real: Path, tmp_path: Path) -> None:

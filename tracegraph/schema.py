@@ -7,7 +7,9 @@ estimated later and kept in the ranks table, never baked into `start_ns`).
 
 from __future__ import annotations
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 NO_INT = -1
 """Sentinel for an unknown integer field (peer, seq, bytes, stream, correlation ...)."""
@@ -162,7 +164,9 @@ def memory_table(columns: dict[str, object], rows: int) -> pa.Table:
 
 
 def events_table(columns: dict[str, object], rows: int) -> pa.Table:
-    """Build an events table from column arrays, filling absent columns with their defaults."""
+    """Build an events table from column arrays, filling absent columns with their defaults.
+    Integer columns may come as int64: a value an int32 column cannot hold becomes int32's
+    minimum, which `parsers.validate` reads as unreadable (as it reads int64's minimum)."""
     return _table(EVENTS, columns, rows)
 
 
@@ -173,6 +177,19 @@ def _table(table_schema: pa.Schema, columns: dict[str, object], rows: int) -> pa
         if values is None:
             default = "" if pa.types.is_string(field.type) else NO_INT
             values = pa.repeat(pa.scalar(default, field.type), rows)
+        elif pa.types.is_integer(field.type):
+            values = _integers(values, field.type)
         arrays.append(pa.array(values, type=field.type) if not isinstance(values, pa.Array)
                       else values.cast(field.type))
     return pa.Table.from_arrays(arrays, schema=table_schema)
+
+
+def _integers(values: object, arrow_type: pa.DataType) -> pa.Array:
+    """An integer column of `arrow_type`; values it cannot hold become its minimum."""
+    wide = values.cast(pa.int64()) if isinstance(values, pa.Array) else pa.array(
+        values, type=pa.int64())
+    if arrow_type == pa.int64():
+        return wide
+    info = np.iinfo(arrow_type.to_pandas_dtype())
+    fits = pc.and_(pc.greater(wide, info.min), pc.less_equal(wide, info.max))
+    return pc.if_else(fits, wide, info.min).cast(arrow_type)

@@ -10,7 +10,7 @@ import typer
 
 from parsers.base import TraceError
 from tracegraph.cli.common import cluster, friendly_errors, load_bundle, out, warn
-from tracegraph.cli.options import Bundle, CacheDir, Dask, Jobs, NoCache, RankMap
+from tracegraph.cli.options import Bundle, CacheDir, Dask, Jobs, NoCache, RankMap, ThresholdMs
 
 if TYPE_CHECKING:
     from tracegraph.analysis.analyze import Analysis
@@ -27,7 +27,7 @@ def analyze_command(
     dask: Dask = None,
     step: Annotated[int | None, typer.Option(help="Only this ProfilerStep number.")] = None,
     top: Annotated[int, typer.Option(help="Bubbles to show, longest first (0: all).")] = 10,
-    threshold_ms: Annotated[float, typer.Option(help="Shortest stall counted a bubble.")] = 1.0,
+    threshold_ms: ThresholdMs = 1.0,
     inventory_only: Annotated[bool, typer.Option(
         "--inventory-only", help="Only list what the bundle holds; no analysis.")] = False,
 ) -> None:

@@ -13,14 +13,16 @@ from typing import TYPE_CHECKING, TypeVar
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 from parsers.base import TraceError
+from parsers.values import printable, rank_id
 
 if TYPE_CHECKING:
     from tracegraph.loading.trace import Trace
 
-out = Console()
-err = Console(stderr=True)
+out = Console(markup=False)  # text from profiles ("[/x]" in an op name or a path) stays text:
+err = Console(stderr=True, markup=False)  # style with Text or style=, never with markup
 
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -35,7 +37,7 @@ def friendly_errors(command: F) -> F:
         try:
             return command(*args, **kwargs)
         except (TraceError, OSError) as error:
-            err.print(f"[red]error:[/red] {error}", highlight=False, soft_wrap=True)
+            err.print(_labelled("error:", "red", str(error)), highlight=False, soft_wrap=True)
             raise typer.Exit(EXIT_BAD_INPUT) from None
 
     return run  # type: ignore[return-value]
@@ -71,15 +73,31 @@ def load_bundle(bundle: Path, cache_dir: Path | None, no_cache: bool, jobs: int 
 
 
 def read_rank_map(path: Path) -> dict[str, int]:
+    """--rank-map's {profile: rank}; TraceError unless every value is a rank id."""
     try:
         mapping = json.loads(path.read_text())
-        return {str(k): int(v) for k, v in mapping.items()}
-    except (ValueError, TypeError, AttributeError) as error:
+        ranks = {str(k): rank_id(v) for k, v in mapping.items()}
+    except (ValueError, TypeError, AttributeError, RecursionError) as error:
         raise TraceError(f"{path}: not a JSON object of profile -> rank ({error})") from None
-
+    if None in ranks.values():
+        bad = next(k for k, v in ranks.items() if v is None)
+        raise TraceError(f"{path}: {bad!r:.100} maps to {mapping[bad]!r:.40}, not a rank id")
+    return ranks
 
 
 
 def warn(message: str) -> None:
     """A warning line on stderr."""
-    err.print(f"[yellow]warning:[/yellow] {message}", highlight=False, soft_wrap=True)
+    err.print(_labelled("warning:", "yellow", message), highlight=False, soft_wrap=True)
+
+
+def _labelled(label: str, style: str, message: str) -> Text:
+    """"label message" on one line, the label styled, the message printable as it is."""
+    return Text.assemble((label, style), " ", printable(message))
+
+
+def tolerant_streams() -> None:
+    """stdout and stderr print what they cannot encode (a file name's stray bytes) escaped."""
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")

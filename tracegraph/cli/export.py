@@ -9,8 +9,18 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from parsers.base import TraceError
+from parsers.values import printable
 from tracegraph.cli.common import friendly_errors, load_bundle, out
-from tracegraph.cli.options import Bundle, CacheDir, Dask, Jobs, NoCache, RankMap
+from tracegraph.cli.options import (
+    Bundle,
+    CacheDir,
+    Dask,
+    Jobs,
+    NoCache,
+    RankMap,
+    ThresholdMs,
+    milliseconds,
+)
 
 if TYPE_CHECKING:
     from tracegraph.loading.trace import Trace
@@ -32,7 +42,7 @@ def export_command(
     rank_map: RankMap = None,
     dask: Dask = None,
     top: Annotated[int, typer.Option(help="Bubbles whose causal chain is drawn as flows.")] = 10,
-    threshold_ms: Annotated[float, typer.Option(help="Shortest stall counted a bubble.")] = 1.0,
+    threshold_ms: ThresholdMs = 1.0,
 ) -> None:
     """Write the normalized tables as Parquet (schema: docs/schema.md) and the timeline with the
     verdict for Perfetto UI (--perfetto) or chrome://tracing (--chrome)."""
@@ -42,7 +52,7 @@ def export_command(
     trace = load_bundle(bundle, cache_dir, no_cache, jobs, rank_map, dask)
     if parquet:
         for path in trace.to_parquet(parquet):
-            out.print(f"wrote {path}", highlight=False)
+            out.print(f"wrote {printable(str(path))}", highlight=False)
     if perfetto or chrome:
         _export_timeline(trace, perfetto, chrome, top, threshold_ms, jobs)
 
@@ -59,7 +69,8 @@ def _export_timeline(trace: Trace, perfetto: Path | None, chrome: Path | None, t
                               (chrome, write_chrome, "trace events")):
         if path:
             count = write(timeline, path, jobs)
-            out.print(f"wrote {path}: {count:,} {unit}, {timeline.events:,} profile events, "
+            out.print(f"wrote {printable(str(path))}: {count:,} {unit}, "
+                      f"{timeline.events:,} profile events, "
                       f"{path.stat().st_size / 2**20:.1f} MB", highlight=False)
 
 
@@ -72,8 +83,8 @@ def graph_command(
     jobs: Jobs = None,
     rank_map: RankMap = None,
     threshold_ms: Annotated[float, typer.Option(
-        help="Shortest stall counted a bubble: the edges inferred by time are those the "
-             "analysis of bubbles of this size followed.")] = 1.0,
+        help="Shortest stall counted a bubble (ms): the edges inferred by time are those the "
+             "analysis of bubbles of this size followed.", callback=milliseconds)] = 1.0,
 ) -> None:
     """Write the cross-rank dependency DAG (networkx GraphML or node-link JSON)."""
     from tracegraph.analysis.analyze import analyze as run_analysis
@@ -84,5 +95,5 @@ def graph_command(
     written = write_graph(graph, output)
     kinds = graph.edges["kind"].value_counts()
     by_kind = ", ".join(f"{n:,} {kind}" for kind, n in kinds.items() if n)
-    out.print(f"wrote {output}: {written.number_of_nodes():,} ops, "
+    out.print(f"wrote {printable(str(output))}: {written.number_of_nodes():,} ops, "
               f"{written.number_of_edges():,} dependencies ({by_kind})", highlight=False)

@@ -8,6 +8,7 @@ on stderr). A check that is not applicable alone fails nothing.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, NamedTuple
@@ -18,6 +19,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from parsers.base import TraceError
+from parsers.values import printable
 from reports.markdown import (
     STATE_TITLES,
     check_status,
@@ -32,8 +34,16 @@ from reports.markdown import (
     violation_line,
 )
 from reports.whatif import print_checked
-from tracegraph.cli.common import err, friendly_errors, load_bundle
-from tracegraph.cli.options import Bundle, CacheDir, Jobs, NoCache, RankMap
+from tracegraph.cli.common import friendly_errors, load_bundle, warn
+from tracegraph.cli.options import (
+    Bundle,
+    CacheDir,
+    Jobs,
+    NoCache,
+    RankMap,
+    ThresholdMs,
+    milliseconds,
+)
 
 EXIT_FAILED = 1
 DEFAULT_REGRESSION = "5%"
@@ -48,7 +58,7 @@ Junit = Annotated[Path | None, typer.Option("--junit", help="Write JUnit XML for
 Rules = Annotated[Path | None, typer.Option("--rules", help="TOML file of checks (docs/ci.md).")]
 Preset = Annotated[list[str] | None, typer.Option(
     "--preset", help="Built-in checks, e.g. hsdp-async-reduction (repeatable).")]
-Threshold = Annotated[float, typer.Option(help="Shortest stall counted a bubble (ms).")]
+Threshold = ThresholdMs
 AllowNotApplicable = Annotated[bool, typer.Option(
     "--allow-not-applicable",
     help="Exit 0 (with the warning) when every check is not applicable to the profile.")]
@@ -70,8 +80,8 @@ def diff_command(
     ] = DEFAULT_REGRESSION,
     top: Annotated[int, typer.Option(help="Chains shown per change (0: all).")] = 5,
     min_chain_ms: Annotated[float | None, typer.Option(
-        help="Chains under this many ms per step count as absent (default: 1% of the step).")
-    ] = None,
+        help="Chains under this many ms per step count as absent (default: 1% of the step).",
+        callback=milliseconds)] = None,
     threshold_ms: Threshold = 1.0,
     cache_dir: CacheDir = None,
     no_cache: NoCache = False,
@@ -183,7 +193,7 @@ def _checks_pass(report: dict[str, object]) -> bool:
 
 def _warn_nothing_verified(report: dict[str, object]) -> None:
     if line := nothing_verified_line(report):
-        err.print(f"[bold yellow]warning:[/bold yellow] {escape(line)}", highlight=False)
+        warn(line)
 
 
 def _diff(before: Path, after: Path, spec: RuleSpec, limit: float | None,
@@ -228,7 +238,8 @@ def _check(bundle: Path, spec: RuleSpec, source: Source, outputs: Outputs,
     rules = _rules(spec)
     analysis = source.analysis(bundle)
     results = [r.as_dict() for r in evaluate(rules, analysis)]
-    report = {"source": str(bundle), "step_ms": round(metrics.step_time_ms(analysis), 3),
+    report = {"source": printable(str(bundle)),
+              "step_ms": round(metrics.step_time_ms(analysis), 3),
               "checks": results, **_tally(results, allow_not_applicable)}
     report["passed"] = _checks_pass(report)
     outputs.emit(report, lambda: check_markdown(report), lambda: check_junit(report),
@@ -260,7 +271,7 @@ def _percent(text: str) -> float | None:
         value = float(text.strip().removesuffix("%"))
     except ValueError:
         value = -1.0
-    if value < 0:
+    if not (math.isfinite(value) and value >= 0):
         raise typer.BadParameter(f"{text!r} is not a percentage such as 5%",
                                  param_hint="--fail-on-regression")
     return value

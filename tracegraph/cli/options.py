@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated
 
@@ -15,3 +16,17 @@ RankMap = Annotated[Path | None, typer.Option(
     help='JSON file mapping a profile (path or file name) to its rank: {"a.json": 3}.')]
 Dask = Annotated[str | None, typer.Option(
     help='Parse ranks on a Dask cluster: "local" or a scheduler address (tcp://host:8786).')]
+
+
+DAY_MS = 86_400_000.0
+
+
+def milliseconds(value: float | None) -> float | None:
+    """A duration option's value: ms from 0 to a day (not nan, not inf)."""
+    if value is not None and not (math.isfinite(value) and 0 <= value <= DAY_MS):
+        raise typer.BadParameter(f"{value} is not a duration in ms from 0 to {DAY_MS:.0f}")
+    return value
+
+
+ThresholdMs = Annotated[float, typer.Option(help="Shortest stall counted a bubble (ms).",
+                                            callback=milliseconds)]

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from tracegraph.cli.common import friendly_errors, load_bundle, out
+from tracegraph.cli.options import ThresholdMs
 
 
 def report_command(
@@ -15,7 +16,7 @@ def report_command(
     output: Annotated[Path, typer.Option("-o", "--output", help="The HTML file to write.")],
     step: Annotated[int | None, typer.Option(help="Only this ProfilerStep number.")] = None,
     top: Annotated[int, typer.Option(help="Top bubbles listed, and arrows drawn.")] = 10,
-    threshold_ms: Annotated[float, typer.Option(help="Shortest stall counted a bubble.")] = 1.0,
+    threshold_ms: ThresholdMs = 1.0,
     cache_dir: Annotated[Path | None, typer.Option(help="Where parsed ranks are cached.")] = None,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Neither read nor write the cache."
                                            )] = False,
@@ -35,6 +36,7 @@ def _report(bundle: Path, output: Path, step: int | None, top: int, threshold_ms
             cache_dir: Path | None, no_cache: bool, jobs: int | None, rank_map: Path | None
             ) -> None:
     from parsers.base import TraceError
+    from parsers.values import printable
     from reports.html import write_report
     from tracegraph.analysis.analyze import analyze
     from tracegraph.analysis.pipeline import recover
@@ -46,4 +48,4 @@ def _report(bundle: Path, output: Path, step: int | None, top: int, threshold_ms
     except ValueError as error:
         raise TraceError(f"{bundle}: {error}") from None
     size = path.stat().st_size / 2**20
-    out.print(f"wrote {path} ({size:.1f} MB)", highlight=False)
+    out.print(f"wrote {printable(str(path))} ({size:.1f} MB)", highlight=False)

@@ -15,7 +15,7 @@ import typer
 
 from parsers.base import TraceError
 from tracegraph.cli.common import friendly_errors, load_bundle, out
-from tracegraph.cli.options import Bundle, CacheDir, Jobs, NoCache, RankMap
+from tracegraph.cli.options import Bundle, CacheDir, Jobs, NoCache, RankMap, ThresholdMs
 
 EXIT_REFUSED = 1
 Fix = Annotated[list[str] | None, typer.Option(
@@ -43,7 +43,7 @@ def whatif_command(
         "--html", help="Write the HTML report with the what-if section: measured and predicted "
                        "waterfalls side by side.")] = None,
     top: Annotated[int, typer.Option(help="Bubbles listed per state (0: all).")] = 10,
-    threshold_ms: Annotated[float, typer.Option(help="Shortest stall counted a bubble.")] = 1.0,
+    threshold_ms: ThresholdMs = 1.0,
     cache_dir: CacheDir = None,
     no_cache: NoCache = False,
     jobs: Jobs = None,

@@ -75,7 +75,8 @@ def build_ops(events: pd.DataFrame) -> Ops:
     parts = [_stream_ops(events[streamed & on_stream], events[streamed & comm])]
     parts += [_host_ops(rank_events) for _, rank_events in events[~streamed].groupby("rank")]
     parts = [p for p in parts if len(p)]
-    frame = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=COLUMNS)
+    frame = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(
+        columns=[*COLUMNS, "mode"])  # no op at all (a profile of markers only)
     frame = frame[frame["end"] >= frame["start"]]
     lanes = _lane_table(frame)
     frame = frame.assign(lane_id=_lane_ids(frame, lanes))

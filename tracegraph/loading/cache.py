@@ -14,16 +14,20 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
+import msgspec
 import pyarrow as pa
 from platformdirs import user_cache_dir
 
 from parsers.base import GroupInfo, ParsedRank
+from parsers.validate import header_sound
 from tracegraph import schema
 
-CACHE_VERSION = "7"
+CACHE_VERSION = "8"
 """Bump when a parser's output or the entry layout changes, so stale entries are not reused."""
 EVENTS_FILE = "events.arrow"
 MEMORY_FILE = "memory.arrow"
@@ -34,29 +38,41 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("TRACEGRAPH_CACHE_DIR") or user_cache_dir("tracegraph"))
 
 
+class _Meta(msgspec.Struct, forbid_unknown_fields=True):
+    """An entry's meta.json: what a parsed rank holds besides its events."""
+
+    rank: int
+    groups: list[GroupInfo]
+    meta: dict[str, Any]
+    warnings: list[str]
+
+
 def cache_key(fmt: str, root: str, fingerprint: str) -> str:
     """A key that changes whenever the profile's bytes or the parser's output format change."""
     text = "\0".join((CACHE_VERSION, fmt, root, fingerprint))
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
-def load_cached(cache_dir: Path, key: str) -> ParsedRank | None:
-    """The parsed rank stored under `key`, or None."""
+def load_cached(cache_dir: Path, key: str, notes: list[str] | None = None) -> ParsedRank | None:
+    """The parsed rank stored under `key`, or None. An entry that is there but does not read
+    back as one (damaged, or written by something else) is removed, said in `notes`, so that
+    the rank is parsed and stored again."""
     entry = cache_dir / key
-    try:
-        meta = json.loads((entry / "meta.json").read_text())
-        events = read_events(entry / EVENTS_FILE)
-        memory = _read_memory(entry / MEMORY_FILE)
-    except (OSError, ValueError, pa.ArrowException):
+    if not (entry / "meta.json").exists():
         return None
-    return ParsedRank(
-        rank=meta["rank"],
-        events=events,
-        groups=[GroupInfo(**{**g, "ranks": tuple(g["ranks"])}) for g in meta["groups"]],
-        meta=meta["meta"],
-        warnings=meta["warnings"],
-        memory=memory,
-    )
+    try:
+        meta = msgspec.json.decode((entry / "meta.json").read_bytes(), type=_Meta)
+        parsed = ParsedRank(rank=meta.rank, events=read_events(entry / EVENTS_FILE),
+                            groups=meta.groups, meta=meta.meta, warnings=meta.warnings,
+                            memory=_read_memory(entry / MEMORY_FILE))
+        if not header_sound(parsed):
+            raise ValueError("values out of range in meta.json")
+    except (OSError, ValueError, msgspec.DecodeError, pa.ArrowException) as error:
+        if notes is not None:
+            notes.append(f"cache entry {entry} unusable ({str(error)[:200]}); parsed again")
+        shutil.rmtree(entry, ignore_errors=True)
+        return None
+    return parsed
 
 
 def _read_memory(path: Path) -> pa.Table | None:
@@ -71,7 +87,10 @@ def read_events(path: Path) -> pa.Table:
     """The table of an entry, its buffers pointing into the memory-mapped file (the map lives
     as long as they do; entries are never rewritten in place)."""
     with pa.memory_map(str(path)) as source:
-        return schema.in_memory(pa.ipc.open_file(source).read_all())
+        table = pa.ipc.open_file(source).read_all()
+    if table.schema.names != schema.IN_MEMORY_EVENTS.names:
+        raise ValueError(f"{path.name}: not an events table")
+    return schema.in_memory(table)
 
 
 def store(cache_dir: Path, key: str, parsed: ParsedRank, events_file: Path | None = None

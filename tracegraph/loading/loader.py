@@ -22,9 +22,10 @@ import pyarrow as pa
 from parsers import parse_rank
 from parsers.base import GroupInfo, ParsedRank, RankFiles, TraceError
 from parsers.bundle import Bundle, open_bundle
+from parsers.values import printable
 from tracegraph import schema
-from tracegraph.loading import cache
-from tracegraph.loading.groups import absent_ranks, groups_frame
+from tracegraph.loading import cache, consistency
+from tracegraph.loading.groups import groups_frame
 from tracegraph.loading.resolve import settle
 from tracegraph.loading.trace import Trace
 from tracegraph.progress import Progress
@@ -51,11 +52,13 @@ def load(
         profiles = [RankFiles(p.format, p.root, p.files, forced.get(p.root, p.rank))
                     for p in bundle.profiles]
         store = (cache_dir or cache.default_cache_dir()) if use_cache else None
+        notes = list(bundle.warnings)
         with Progress("reading ranks", total=len(profiles), enabled=progress) as bar:
-            parsed = list(_parse_all(bundle, profiles, store, jobs, bar.advance, executor))
+            parsed = list(_parse_all(bundle, profiles, store, jobs, bar.advance, executor,
+                                     notes))
         for profile, rank in parsed:
             rank.rank = forced.get(profile.root, rank.rank)
-        return _merge(Path(path), parsed, profiles, list(bundle.warnings))
+        return _merge(Path(printable(str(path))), parsed, profiles, notes)  # shown, not read
 
 
 def _forced_ranks(profiles: list[RankFiles], rank_map: dict[str, int]) -> dict[str, int]:
@@ -75,13 +78,15 @@ def _parse_all(
     jobs: int | None,
     advance: Callable[[], None],
     executor: Executor | None = None,
+    notes: list[str] | None = None,
 ) -> Iterator[tuple[RankFiles, ParsedRank]]:
-    """Yield (profile, parsed rank) for every profile, from the cache where possible."""
+    """Yield (profile, parsed rank) for every profile, from the cache where possible (a cache
+    entry that does not read back is said in `notes` and parsed again)."""
     todo: list[tuple[RankFiles, str]] = []
     for profile in profiles:
         key = cache.cache_key(profile.format, profile.root,
                               bundle.fingerprint(profile.files.values()))
-        hit = cache.load_cached(store, key) if store else None
+        hit = cache.load_cached(store, key, notes) if store else None
         if hit is not None:
             advance()
             yield profile, hit
@@ -199,41 +204,27 @@ def _finish(profile: RankFiles, parsed: ParsedRank, store: Path | None, key: str
 
 def _merge(source: Path, parsed: list[tuple[RankFiles, ParsedRank]],
            profiles: list[RankFiles], warnings: list[str]) -> Trace:
-    """One Trace from the per-rank results; duplicate ranks are an error. What only several
-    ranks together say (gloo groups and peers) is settled first; ranks the profiles name but
-    the bundle lacks are warned about once."""
-    seen: dict[int, str] = {}
-    for profile, rank in parsed:
-        if rank.rank in seen:
-            raise TraceError(
-                f"{profile.root}: duplicate rank {rank.rank} (also {seen[rank.rank]}); "
-                "pass --rank-map to say which is which")
-        seen[rank.rank] = profile.root
+    """One Trace from the per-rank results. What only several ranks together say (gloo groups
+    and peers) is settled first; then what they must agree on is checked
+    (`tracegraph.loading.consistency`). Warnings come out printable, one line each."""
+    parsed = consistency.distinct_ranks(parsed, warnings)
+    for _, rank in parsed:
         warnings.extend(f"rank {rank.rank}: {w}" for w in rank.warnings)
     parsed.sort(key=lambda item: item[1].rank)
     warnings.extend(settle([r for _, r in parsed]))
     ranks = pd.DataFrame([_rank_row(p, r) for p, r in parsed], columns=schema.RANKS.names)
-    world = _world_size(parsed, warnings)
+    world = consistency.world_size(parsed, warnings)
     memory = _concat_memory(parsed)
     events = _concat_events(parsed)
     groups: list[GroupInfo] = [g for _, r in parsed for g in r.groups]
     group_frame, group_warnings = groups_frame(groups, events, world)
     warnings.extend(group_warnings)
-    warnings.extend(absent_ranks(group_frame, set(seen), world))
+    warnings.extend(consistency.check(source, ranks, group_frame, events, world, warnings))
     return Trace(source=source, events=_to_pandas(events), groups=group_frame,
                  ranks=ranks.astype({"rank": "int32", "world_size": "int32", "events": "int64",
                                      "clock_base_ns": "int64", "clock_offset_ns": "int64",
                                      "device_memory": "int64"}),
-                 warnings=warnings, memory=memory)
-
-
-def _world_size(parsed: list[tuple[RankFiles, ParsedRank]], warnings: list[str]) -> int:
-    """The world size the ranks state (-1 if none does); the largest, said, if they differ."""
-    sizes = {int(r.meta.get("world_size") or -1) for _, r in parsed} - {-1}
-    if len(sizes) > 1:
-        warnings.append(f"the ranks state different world sizes ({sorted(sizes)}); using "
-                        f"{max(sizes)}")
-    return max(sizes, default=-1)
+                 warnings=[printable(w) for w in warnings], memory=memory)
 
 
 def _concat_events(parsed: list[tuple[RankFiles, ParsedRank]]) -> pa.Table:

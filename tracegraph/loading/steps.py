@@ -7,7 +7,8 @@ import pandas as pd
 
 from tracegraph import schema
 
-STEP_NAME = r"^ProfilerStep#(\d+)$"
+STEP_NAME = r"^ProfilerStep#(\d{1,9})$"  # a longer number is no step (its events' step column
+# says NO_INT, and the parser's warning says why)
 
 
 def is_step_marker(events: pd.DataFrame) -> pd.Series:
