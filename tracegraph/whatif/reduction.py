@@ -76,22 +76,7 @@ class DecoupleReduction:
         edges = [wait.edge for wait in held]
         edited = model.without_edges(model.edges_between(base.src[edges], base.dst[edges]))
         chain = edited.chain.copy()
-        first_of = {last: first for first, last in reductions(subject)}
-        drains: set[tuple[int, int]] = set()
-        where: list[Drain] = []
-        forked: set[tuple[int, int]] = set()
-        for wait in held:
-            drain = _drain(subject, wait.op)
-            where.append(drain)
-            joined = [int(base.src[wait.edge])]
-            stretch = _inline_launch(subject, first_of.get(wait.reduction, wait.reduction),
-                                     wait.op)
-            if stretch and (stretch in forked or _fork(chain, subject, *stretch)):
-                forked.add(stretch)
-                joined.append(end(stretch[1]))
-            if drain.op >= 0:
-                drains.update((node, start(drain.op)) for node in joined)
-        moved_ns = sum(int(subject.graph.end[b] - subject.graph.start[a]) for a, b in forked)
+        drains, where, moved_ns = _unheld(subject, held, chain)
         edited = edited.replace(chain=chain)
         if drains:
             src, dst = (np.array(x, dtype=np.int64) for x in zip(*sorted(drains), strict=True))
@@ -102,6 +87,30 @@ class DecoupleReduction:
             line += (f"; their launches on the waiting thread ({moved_ns / 1e6:.1f} ms of host "
                      "work) run on a thread of their own")
         return edited, line + "; " + _drained(subject, where)
+
+
+def _unheld(subject: Subject, held: list[ReductionWait], chain: np.ndarray
+            ) -> tuple[set[tuple[int, int]], list[Drain], int]:
+    """Decouple the held reductions: fork each launch stretch on the waiting thread (in
+    `chain`); the drain edges (reduction end and forked stretch end -> drain point), where each
+    drains, and the host time forked."""
+    base = subject.model
+    first_of = {last: first for first, last in reductions(subject)}
+    drains: set[tuple[int, int]] = set()
+    where: list[Drain] = []
+    forked: set[tuple[int, int]] = set()
+    for wait in held:
+        drain = _drain(subject, wait.op)
+        where.append(drain)
+        joined = [int(base.src[wait.edge])]
+        stretch = _inline_launch(subject, first_of.get(wait.reduction, wait.reduction), wait.op)
+        if stretch and (stretch in forked or _fork(chain, subject, *stretch)):
+            forked.add(stretch)
+            joined.append(end(stretch[1]))
+        if drain.op >= 0:
+            drains.update((node, start(drain.op)) for node in joined)
+    moved_ns = sum(int(subject.graph.end[b] - subject.graph.start[a]) for a, b in forked)
+    return drains, where, moved_ns
 
 
 @dataclass(frozen=True)
