@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 from tests.builder import MS, TraceBuilder
-from tests.conftest import SAMPLES
 from tests.corpus import CASES, folder
 from tests.test_graph_bundles import BUNDLES
 from tests.whatif_bundles import SIMULATED, analysed, simulated
@@ -107,12 +106,32 @@ def test_replay_reproduces_real_profiles(name: str) -> None:
 
 
 def test_buffered_sends_do_not_wait_for_their_receive() -> None:
-    """gloo_pp2_dp2_fixed: some sends complete before the matching receive is posted (a buffered
-    send); waiting for the receive would put rank 3 6 ms late in step 3 (a 12 % replay error)."""
-    subject = Subject(analysed(SAMPLES / "gloo_pp2_dp2_fixed"))
-    assert any("buffered sends" in note for note in subject.model.notes)
+    """pp4_1f1b_bwd_straggler: some sends complete before the `c10d::recv_` call that posts the
+    matching receive begins (gloo buffered them); made to wait for it, 1715 ms of ops would
+    start ahead of what they wait for."""
+    subject = Subject(analysed(folder("pp4_1f1b_bwd_straggler")))
+    assert any("36 P2P halves completed before their peer posted" in note
+               for note in subject.model.notes)
     assert not subject.model.contradiction.any()
     _assert_reproduced(subject)
+
+
+def test_a_gloo_receive_waits_for_the_call_that_posted_its_send() -> None:
+    """gloo's `gloo:send` starts when the blocking `c10d::send` that posted it returns, so a
+    receive waits for the call's start. In hsdp_tail_wait_after_send, rank 1's last backward
+    receive of step 3 ends 0.08 ms after rank 3's `c10d::send` began, 1 ms before its
+    `gloo:send` did: a rendezvous, not a buffered send (moving the send moves the receive)."""
+    subject = Subject(analysed(folder("hsdp_tail_wait_after_send")))
+    graph, model = subject.graph, subject.model
+    p2p = model.kind == KIND["p2p"]
+    recv, posting = model.dst[p2p] // 2, model.src[p2p] // 2
+    mine = (graph.rank[recv] == 1) & (graph.rank[posting] == 3) & (graph.name[recv] == "gloo:recv")
+    recv, posting = recv[mine], posting[mine]
+    assert set(graph.name[posting].tolist()) == {"c10d::send"}
+    assert np.all(graph.end[recv] >= graph.start[posting])
+    before_send = graph.end[recv] < graph.start[posting + 1]  # the gloo:send after the call
+    assert set(graph.name[posting[before_send] + 1].tolist()) == {"gloo:send"}
+    assert before_send.sum() == 1
 
 
 def test_a_contradicted_graph_is_refused() -> None:

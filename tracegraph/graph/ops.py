@@ -8,6 +8,8 @@ communication summaries through its comm ops.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -116,8 +118,18 @@ def comm_calls(frame: pd.DataFrame) -> np.ndarray:
 
 def startswith(column: pd.Series, prefix: str) -> np.ndarray:
     """Mask of the values of `column` that start with `prefix`, testing each distinct value once."""
+    return _distinct(column, lambda value: value.startswith(prefix))
+
+
+def searches(column: pd.Series, pattern: re.Pattern) -> np.ndarray:
+    """Mask of the values of `column` in which `pattern` is found, testing each distinct value
+    once."""
+    return _distinct(column, lambda value: pattern.search(value) is not None)
+
+
+def _distinct(column: pd.Series, test: Callable[[str], bool]) -> np.ndarray:
     codes, uniques = pd.factorize(column)
-    hits = np.array([str(u).startswith(prefix) for u in uniques] + [False], dtype=bool)
+    hits = np.array([test(str(u)) for u in uniques] + [False], dtype=bool)
     return hits[codes]
 
 

@@ -33,13 +33,11 @@ from tracegraph import causes, schema
 from tracegraph.analysis.stragglers import profiled_ns, slow_ops
 from tracegraph.analysis.walk import MIN_PIECE_NS
 from tracegraph.whatif.model import KIND, TimingModel, end, start
-from tracegraph.whatif.subject import RELEASES, Subject
+from tracegraph.whatif.subject import RELEASES, WAITED_AT, Subject
 
 LAUNCH = "launch"
 MEDIAN = "median"
 ABSENT, AUTO = "absent", "auto"
-WAITED_AT = tuple(KIND[k] for k in ("event_wait", "host_release", "p2p", "collective"))
-"""Edges by which an op waits for another lane or rank (what --remove-wait drops)."""
 
 
 class EditError(ValueError):

@@ -13,8 +13,9 @@ a lane's first op):
 - the end of a collective member waits for its start and its instance's last arrival (every
   member's start): its constant is the transfer, measured end − latest member start (the
   lateness of members absent from the bundle included: it moves with the profiled ones);
-- the end of a P2P half waits for its start and the other half's: the transfer after the later
-  posting (a buffered send that completed before its receive was posted does not wait);
+- the end of a P2P half waits for its start and the other half's posting (its start, or on a
+  host thread the start of the call that posted it): the transfer after the later posting (a
+  buffered send that completed before its receive was posted does not wait);
 - the end of an Ascend EVENT_WAIT waits for its start and the start of the record it waited on:
   the wake-up after the record (one that did not block, which no event id names: the record
   launched right before it on another stream, see `_with_launch_pairs`);
@@ -50,6 +51,7 @@ start), `arrival` (a member's start → its instance's last arrival), and the ed
 reduction drained before the optimizer) and `hold` (a send held until a reduction is done)."""
 KIND = {name: code for code, name in enumerate(EDGE_KINDS)}
 EAGER_NS = 50_000  # a P2P half ending this long before its peer posted did not wait for it
+POSTING_RUN = 8  # calls a P2P run of a host thread may hold (send, recv and their records)
 
 
 @dataclass
@@ -190,7 +192,7 @@ def _static_edges(analysis: Analysis, instances: list[np.ndarray]
     queued = graph.queued >= 0
     parts.append((end(graph.queued[queued]), end(idx[queued]), "queue"))
     pair = matches.how == "p2p"  # both halves: the later posting releases the pair
-    parts.append((start(matches.dep[pair]), end(idx[pair]), "p2p"))
+    parts.append((start(_posting(graph)[matches.dep[pair]]), end(idx[pair]), "p2p"))
     if instances:
         sizes = np.array([len(ops) for ops in instances])
         member = np.concatenate(instances)
@@ -201,6 +203,21 @@ def _static_edges(analysis: Analysis, instances: list[np.ndarray]
     dst = np.concatenate([p[1] for p in parts]).astype(np.int64)
     kind = np.concatenate([np.full(len(p[0]), KIND[p[2]], dtype=np.int8) for p in parts])
     return src, dst, kind
+
+
+def _posting(graph: DepGraph) -> np.ndarray:
+    """Per op: the op whose start posted it: itself, or on a host thread the first call of the
+    P2P run it belongs to (`DepGraph.posted`: gloo's `gloo:send` starts when the blocking
+    `c10d::send` that posted it returns)."""
+    op = np.arange(len(graph), dtype=np.int64)
+    early = graph.posted < graph.start
+    for _ in range(POSTING_RUN):
+        before = graph.prev[op]
+        back = early & (before >= 0) & (graph.start[np.maximum(before, 0)] >= graph.posted)
+        if not back.any():
+            break
+        op = np.where(back, before, op)
+    return op
 
 
 def _without_eager_sends(model: TimingModel) -> TimingModel:

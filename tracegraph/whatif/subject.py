@@ -1,12 +1,14 @@
 """What an edit reads: the analysis, its timing model, the steps, and searches over the model.
 
 The searches answer the questions an edit asks of the graph: what communication a wait waited
-for (through the records and stream waits between them), and which P2P op an op hands off to
-without computing in between (a send it holds back).
+for (through the records and stream waits between them), which P2P op an op hands off to
+without computing in between (a send it holds back), and which stretch of a host thread an
+annotation encloses.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -14,7 +16,7 @@ import numpy as np
 
 from tracegraph import schema
 from tracegraph.analysis.analyze import Analysis
-from tracegraph.graph.ops import comm_calls
+from tracegraph.graph.ops import comm_calls, searches
 from tracegraph.verify.metrics import comm_categories
 from tracegraph.whatif.model import KIND, TimingModel, build_model
 from tracegraph.whatif.replay import Replay, StepOps, replay, step_ops
@@ -22,7 +24,12 @@ from tracegraph.whatif.replay import Replay, StepOps, replay, step_ops
 HANDOFF_DEPTH = 16  # nodes a search follows through records, waits and annotations
 RELEASES = tuple(KIND[k] for k in ("event_wait", "host_release"))
 """Edges by which a waiting op is released by another lane's progress."""
+WAITED_AT = (*RELEASES, KIND["p2p"], KIND["collective"])
+"""Edges by which an op waits for another lane or rank."""
 SENDS = ("send", "batch_send_recv")
+OPTIMIZER = re.compile(r"optimi[sz]er|adam|foreach_?norm|l2norm|applymomentum", re.IGNORECASE)
+"""Names of the optimizer's ops: torch's `Optimizer.step#…` / `Optimizer.zero_grad#…` ranges,
+Adam / AdamW / Momentum kernels and the gradient norm computed just before them."""
 
 
 @dataclass
@@ -68,6 +75,23 @@ class Subject:
         return np.isin(graph.kind, kinds) & ~comm_calls(graph.ops.frame)
 
     @cached_property
+    def optimizer(self) -> np.ndarray:
+        """Per op: the optimizer's (its name, or the annotation around it, names one)."""
+        frame = self.graph.ops.frame
+        return searches(frame["name"].fillna(""), OPTIMIZER) | searches(
+            frame["annotation"].fillna(""), OPTIMIZER)
+
+    @cached_property
+    def waiting(self) -> np.ndarray:
+        """Per op: it waits for another lane or rank (a release, a P2P peer, its collective's
+        members)."""
+        model = self.model
+        into = np.isin(model.kind, WAITED_AT) & (model.dst < 2 * model.ops)
+        mask = np.zeros(model.ops, dtype=bool)
+        mask[model.dst[into] // 2] = True
+        return mask
+
+    @cached_property
     def sends(self) -> np.ndarray:
         """Per op: a P2P op that sends (a send, a batched send/receive)."""
         return (self.graph.kind == schema.P2P) & np.isin(self.graph.ops.frame["comm"].to_numpy(),
@@ -108,6 +132,25 @@ class Subject:
         ops = ops[~np.isnan(self.position[ops])]
         return ops[np.argsort(self.position[ops], kind="stable")]
 
+    def enclosing(self, op: int) -> tuple[int, int]:
+        """The first and last op of a host thread's stretch inside the innermost annotation
+        around `op` (its pieces and what nests between them); (op, op) when none encloses it."""
+        graph = self.graph
+        frame = graph.ops.frame
+        name = frame["annotation"].iat[op]
+        if graph.mode[op] != schema.THREAD or not isinstance(name, str) or not name:
+            return op, op
+        ops = self.lane_ops(graph.lane_id[op])
+        markers = ops[graph.kind[ops] == schema.MARKER]
+        markers = markers[frame["name"].iloc[markers].eq(name).to_numpy(dtype=bool,
+                                                                           na_value=False)]
+        opened = markers[markers <= op]
+        if not len(opened):
+            return op, op
+        event = frame["event"].to_numpy()
+        pieces = markers[event[markers] == event[opened[-1]]]
+        return int(pieces[0]), max(int(pieces[-1]), op)
+
     def completed(self, op: int) -> int:
         """The communication op whose completion `op` marks: itself, or for a record the op
         before it on its lane (through other records); -1 for the lane's own progress."""
@@ -136,9 +179,10 @@ class Subject:
         return found
 
     def handoff(self, op: int) -> int:
-        """The first send reached from op's start or end through ops that do not compute (the
-        send a wait or a record holds back), -1 if none."""
+        """The first send of op's rank reached from op's start or end through its ops that do
+        not compute (the send a wait or a record holds back), -1 if none."""
         successors = self._successors
+        rank = self.graph.rank
         seen = {2 * op, 2 * op + 1}
         frontier = [2 * op, 2 * op + 1]
         for _ in range(HANDOFF_DEPTH):
@@ -146,7 +190,7 @@ class Subject:
             for node in frontier:
                 for succ in successors[node]:
                     other = succ // 2
-                    if succ in seen or succ >= 2 * self.model.ops:
+                    if succ in seen or succ >= 2 * self.model.ops or rank[other] != rank[op]:
                         continue
                     if self.sends[other]:
                         return other
