@@ -88,6 +88,7 @@ class DepGraph:
         self.dep_confidence = np.ones(len(frame), dtype=np.float32)  # of each op's dep edge
         self.dep_reason = np.full(len(frame), "", dtype=object)
         self.sampled = False  # collectives refused order matching: events may be missing
+        self.incomplete: dict[int, str] = {}  # rank -> why its parser knows it misses events
         self._comm_ends = _ends_by_rank(frame, self.end, _COMM)
         self._device_ends = _ends_by_rank(frame, self.end, _DEVICE_WORK)
         starts = pd.Series(self.start).groupby(self.rank).min() if len(frame) else pd.Series()
