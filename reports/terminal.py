@@ -44,13 +44,28 @@ def print_analysis(console: Console, summary: dict[str, object],
     if any(offsets.values()):
         shown = ", ".join(f"rank {r}: {ns / 1e3:+.1f} µs" for r, ns in offsets.items())
         console.print(f"clock offsets applied: {shown}", highlight=False)
-    if summary["slow_ranks"]:
-        console.print(f"compute stragglers: {summary['slow_ranks']}", highlight=False)
+    for line in straggler_lines(summary):
+        console.print(line, highlight=False)
     total = summary["bubble_count"]
     console.print(f"\n{len(summary['bubbles'])} of {total} bubbles, longest first:",
                   highlight=False)
     for bubble in summary["bubbles"]:
         console.print(styled(chain_text(bubble)), highlight=False, soft_wrap=True)
+
+
+def straggler_lines(summary: dict[str, object], shown: int = 8) -> list[str]:
+    """The compute stragglers named, and the ranks not judged and why (the first `shown`)."""
+    judged = summary.get("stragglers") or {}
+    unjudged = judged.get("not_judged") or {}
+    if not summary["slow_ranks"] and not unjudged:
+        return []
+    lines = [f"compute stragglers: {summary['slow_ranks'] or 'none named'}"
+             + (f" (peers: {' '.join(map(str, judged['peers']))})" if judged.get("peers")
+                else "")]
+    lines += [f"  rank {rank} not judged: {why}" for rank, why in list(unjudged.items())[:shown]]
+    if len(unjudged) > shown:
+        lines.append(f"  … {len(unjudged) - shown} more ranks not judged")
+    return lines
 
 
 def step_bubble_lines(step: dict[str, object], slowest: metrics.SlowestRank | None

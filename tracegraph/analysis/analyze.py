@@ -11,6 +11,7 @@ import pandas as pd
 from tracegraph.analysis.blame import Blamer, Bubble
 from tracegraph.analysis.bubbles import find_bubbles
 from tracegraph.analysis.critical_path import PathSegment, critical_path, step_windows_of_slowest
+from tracegraph.analysis.peers import Peers, find_peers
 from tracegraph.analysis.stragglers import profiled_ns, slow_ops, slow_ranks
 from tracegraph.analysis.walk import BindingWalk
 from tracegraph.graph.clock import estimate_offsets
@@ -40,6 +41,8 @@ class Analysis:
     bubbles: list[Bubble]
     critical_paths: dict[int, list[PathSegment]]  # step -> path
     slow_ranks: set[int]
+    peers: Peers  # who each rank's speed was judged against, and who was not judged
+    slow_op: np.ndarray  # per op: straggler compute
     warnings: list[str] = field(default_factory=list)
 
     @property
@@ -84,12 +87,15 @@ def analyze(trace: Trace, *, threshold_ms: float = 1.0, executor: Executor | Non
         offsets = estimate_offsets(ops, matches)
         shift = ops.frame["rank"].map(offsets).fillna(0).astype("int64").to_numpy()
         graph = build_graph(ops, matches, ops.start - shift, ops.end - shift, trace.groups)
+        graph.incomplete = trace.incomplete_ranks()
         steps = with_launched_work(step_windows(trace.events, offsets), graph)
         bar.advance()
         walk = BindingWalk(graph)
         profiled = profiled_ns(steps, graph.start, graph.end)
-        slow = slow_ranks(walk, profiled)
-        blamer = Blamer(walk, trace.groups, slow_ops(ops, slow, profiled))
+        peers = find_peers(ops, trace.groups, graph.incomplete)
+        slow = slow_ranks(walk, profiled, peers)
+        slow_op = slow_ops(ops, slow, profiled, peers)
+        blamer = Blamer(walk, trace.groups, slow_op)
         bar.advance()
         bubbles = find_bubbles(blamer, steps, int(threshold_ms * 1e6))
         bar.advance()
@@ -98,7 +104,7 @@ def analyze(trace: Trace, *, threshold_ms: float = 1.0, executor: Executor | Non
         bar.advance()
     return Analysis(trace=trace, ops=ops, matches=matches, graph=graph, offsets=offsets,
                     start=graph.start, end=graph.end, steps=steps, bubbles=bubbles,
-                    critical_paths=paths, slow_ranks=slow,
+                    critical_paths=paths, slow_ranks=slow, peers=peers, slow_op=slow_op,
                     warnings=graph.warnings + graph.cycle_warnings())
 
 
