@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from itertools import groupby
 
+import pandas as pd
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -17,9 +18,11 @@ from reports.critical_path import path_lines
 from reports.markdown import rank_sum
 from tracegraph import causes
 from tracegraph.analysis.analyze import Analysis
+from tracegraph.loading.groups import group_labels
 from tracegraph.verify import metrics
 
 CATEGORY_WIDTH = max(map(len, causes.CATEGORIES))  # category names line up in chains
+_HCCL_LANE = re.compile(r"\bhccl (\S+)")
 _CATEGORY_WORDS = re.compile(r"\b(?:" + "|".join(map(re.escape, causes.CATEGORIES)) + r")\b")
 
 
@@ -29,6 +32,7 @@ def print_analysis(console: Console, summary: dict[str, object],
     rank's own too), each step's critical path, and the top bubbles with their causal
     chains."""
     slowest = metrics.slowest_rank_bubbles(analysis) if analysis is not None else {}
+    labels = group_labels(pd.DataFrame(summary["groups"])) if summary.get("groups") else {}
     for step in summary["steps"]:
         table = Table(title=f"step {step['step']}: {step['max_ms']:.1f} ms (slowest rank)")
         table.add_column("rank")
@@ -39,7 +43,7 @@ def print_analysis(console: Console, summary: dict[str, object],
         for line in step_bubble_lines(step, slowest.get(step["step"])):
             console.print(styled(line), highlight=False)
         for line in path_lines(summary["critical_path"].get(str(step["step"]))):
-            console.print(styled(line), highlight=False, soft_wrap=True)
+            console.print(styled(named_groups(line, labels)), highlight=False, soft_wrap=True)
     offsets = summary["clock_offsets_ns"]
     if any(offsets.values()):
         shown = ", ".join(f"rank {r}: {ns / 1e3:+.1f} µs" for r, ns in offsets.items())
@@ -50,7 +54,14 @@ def print_analysis(console: Console, summary: dict[str, object],
     console.print(f"\n{len(summary['bubbles'])} of {total} bubbles, longest first:",
                   highlight=False)
     for bubble in summary["bubbles"]:
-        console.print(styled(chain_text(bubble)), highlight=False, soft_wrap=True)
+        console.print(styled(named_groups(chain_text(bubble), labels)), highlight=False,
+                      soft_wrap=True)
+
+
+def named_groups(text: str, labels: dict[str, str]) -> str:
+    """`text` with the group ids that name HCCL lanes ("hccl 5862276114690318097") as the
+    groups' labels ("hccl group_name_5 (dp_cp)")."""
+    return _HCCL_LANE.sub(lambda m: f"hccl {labels.get(m[1], m[1])}", text) if labels else text
 
 
 def straggler_lines(summary: dict[str, object], shown: int = 8) -> list[str]:

@@ -29,6 +29,18 @@ def parallel_dim(desc: str) -> str:
     return next((dim for dim, pattern in _DIMS if pattern.search(text)), "")
 
 
+def group_labels(groups: pd.DataFrame) -> dict[str, str]:
+    """Group id -> how reports name it: its name unless that is the id itself (a hashed HCCL
+    id, a Kineto pg number), then its description where the name does not hold it
+    ("hsdp-dp32-12288", "group_name_19 (pp)", "dp_stage0"), else the id."""
+    labels = {}
+    for group, name, desc in zip(groups["group"], groups["name"], groups["desc"], strict=True):
+        name = "" if name == group else str(name or "")
+        desc = "" if not desc or desc in name else str(desc)
+        labels[str(group)] = (f"{name} ({desc})" if name and desc else name or desc) or group
+    return labels
+
+
 def groups_frame(infos: list[GroupInfo], events: pa.Table, world_size: int = -1
                  ) -> tuple[pd.DataFrame, list[str]]:
     """The GROUPS table: the members the profiles state, merged over ranks; else, for the world

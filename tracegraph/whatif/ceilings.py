@@ -23,6 +23,7 @@ from tracegraph.whatif.subject import Subject
 
 NO_FIX = {causes.PIPELINE_FILL: "the schedule's own fill and drain: no single fix removes it",
           causes.PEER_COMPUTE: "the ranks' normal variation: no straggler to fix",
+          causes.OWN_COMPUTE: "the rank's own work: no scheduling fix removes it",
           causes.UNKNOWN: "time the walk could not explain"}
 RULE = ("ceilings of overlapping causes do not add: removing every cause together saves "
         "{together:.1f} ms, not the sum {total:.1f} ms")
