@@ -113,6 +113,7 @@ def _print_inventory(summary: dict[str, object]) -> None:
         groups.add_column(column, overflow="fold")
     for g in summary["groups"]:
         members = ", ".join(map(str, g["ranks"][:16])) + (" …" if len(g["ranks"]) > 16 else "")
-        groups.add_row(g["group"], g["name"] or g["desc"], g["dim"] or "-", str(g["size"]),
-                       members, g["source"])
+        label = labels.get(g["group"], g["group"])  # as the comm ops and chains name it
+        groups.add_row(g["group"], label if label != g["group"] else "-", g["dim"] or "-",
+                       str(g["size"]), members, g["source"])
     out.print(groups)

@@ -106,11 +106,12 @@ def absent_ranks(groups: pd.DataFrame, present: set[int], world_size: int = -1) 
         warnings.append(f"{len(absent)} rank(s) that {' and '.join(why)} name are absent from "
                         f"the bundle: {span_text(absent)}")
     unnamed = groups[groups["size"] > groups["ranks"].map(len)]
+    labels = group_labels(unnamed)
     for group, size, ranks in zip(unnamed["group"], unnamed["size"], unnamed["ranks"],
                                   strict=True):
-        warnings.append(f"group {group} has {size} members ({len(ranks)} in the bundle: "
-                        f"{span_text(ranks)}); the other {size - len(ranks)} are not in the "
-                        "bundle and their global ranks are not stated")
+        warnings.append(f"group {labels[str(group)]} has {size} members ({len(ranks)} in the "
+                        f"bundle: {span_text(ranks)}); the other {size - len(ranks)} are not "
+                        "in the bundle and their global ranks are not stated")
     return warnings
 
 
