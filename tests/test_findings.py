@@ -199,3 +199,19 @@ def test_exposure_only_of_ranks_whose_compute_is_timed(real: Path) -> None:
     analysis = analyze(tracegraph.load(path, use_cache=False))
     assert set(exposed_table(analysis, stage_of(analysis))["rank"]) == {0, 2}
     assert set(reduction_overlap(analysis)["rank"]) <= {0, 2}
+
+
+def test_exposure_the_profile_cannot_explain_is_not_called_the_transfers(real: Path) -> None:
+    """torch_npu_pp2dp2_level2_comm rank 0 (stage 0): communication.json's batchSendRecv ops
+    _3_1 / _4_1 / _5_1 last 0.436 + 158.553 + 154.888 = 313.877 ms while stage 1 computes
+    (HCCL's own Wait Time for _4_1: 158.102 ms); the profile has no trace_view.json, so no
+    stream wait links the idle compute stream to them. That is no proof the transfers are
+    slow: no warning tells to overlap P2P; the finding says the profile cannot tell."""
+    analysis = analyze(tracegraph.load(real / "ascend/torch_npu_pp2dp2_level2_comm",
+                                       use_cache=False))
+    row = exposed_table(analysis, stage_of(analysis)).set_index(["rank", "dim"]).loc[(0, "pp")]
+    assert row["exposed_ms"] == pytest.approx(313.877, abs=0.01)
+    assert row["unexplained_ms"] > 313 and row["own_ms"] < 1
+    finding = kinds(analysis)["exposed_comm"]
+    assert finding.severity == "info" and "the profile does not hold" in finding.title
+    assert finding.evidence["by_dim"]["pp"]["unexplained_ms"] > 380  # ranks 0 and 2

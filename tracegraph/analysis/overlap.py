@@ -8,6 +8,7 @@ part (communication time during which the main lane did not compute).
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -64,40 +65,46 @@ def timed_ranks(analysis: Analysis) -> set[int]:
 
 
 def overlap_table(analysis: Analysis) -> pd.DataFrame:
-    """rank, step, dim, comm_ms, overlap_ms, waiting_ms: per step, the time the communication
-    of each group kind of every timed rank was in flight, how much of it its main lane spent
-    computing, and how much of the rest it waited for something else (ELSEWHERE)."""
+    """rank, step, dim, comm_ms, overlap_ms, waiting_ms, unexplained_ms: per step, the time the
+    communication of each group kind of every timed rank was in flight, how much of it its main
+    lane spent computing, and how much of the rest it waited for something else (ELSEWHERE) or
+    for what blame could not tell (UNKNOWN: the profile holds no wait to follow)."""
     start, end = analysis.start, analysis.end
     dims, computing = comm_dims(analysis), main_compute(analysis)
     ranks = analysis.ops.frame["rank"].to_numpy()
     order = np.argsort(ranks, kind="stable")
     by_rank = ranks[order]
-    waiting = waiting_elsewhere(analysis)
+    waiting = blamed_spans(analysis, ELSEWHERE)
+    unexplained = blamed_spans(analysis, {causes.UNKNOWN})
+    none = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
     rows = []
     steps = analysis.step_table()
     for rank, windows in steps[steps["rank"].isin(timed_ranks(analysis))].groupby("rank"):
         mine = order[np.searchsorted(by_rank, rank, "left"):np.searchsorted(by_rank, rank, "right")]
         s, e, d, c = start[mine], end[mine], dims[mine], computing[mine]
-        late_s, late_e = waiting.get(int(rank), (np.zeros(0), np.zeros(0)))
+        late_spans, unknown_spans = waiting.get(int(rank), none), unexplained.get(int(rank), none)
         for step, lo, hi in windows[["step", "start", "end"]].itertuples(index=False):
             work = intervals.union(s[c], e[c], lo, hi)
-            late = intervals.union(late_s, late_e, lo, hi)
+            late = intervals.union(*late_spans, lo, hi)
+            unknown = intervals.union(*unknown_spans, lo, hi)
             for dim in np.unique(d[d != ""]):
                 comm = intervals.union(s[d == dim], e[d == dim], lo, hi)
                 if len(comm[0]):
                     rows.append((int(rank), int(step), str(dim), intervals.length(comm) / NS_PER_MS,
                                  intervals.overlap(comm, work) / NS_PER_MS,
-                                 intervals.overlap(comm, late) / NS_PER_MS))
+                                 intervals.overlap(comm, late) / NS_PER_MS,
+                                 intervals.overlap(comm, unknown) / NS_PER_MS))
     return pd.DataFrame(rows, columns=["rank", "step", "dim", "comm_ms", "overlap_ms",
-                                       "waiting_ms"])
+                                       "waiting_ms", "unexplained_ms"])
 
 
-def waiting_elsewhere(analysis: Analysis) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-    """rank -> (starts, ends) of its bubbles' time that blame charges to ELSEWHERE."""
+def blamed_spans(analysis: Analysis, categories: Collection[str]
+                 ) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """rank -> (starts, ends) of its bubbles' time that blame charges to `categories`."""
     pieces: dict[int, list[tuple[int, int]]] = {}
     for bubble in analysis.bubbles:
         pieces.setdefault(bubble.rank, []).extend(
-            (p.start, p.end) for p in bubble.intervals if p.category in ELSEWHERE)
+            (p.start, p.end) for p in bubble.intervals if p.category in categories)
     return {rank: (np.array([a for a, _ in spans], dtype=np.int64),
                    np.array([b for _, b in spans], dtype=np.int64))
             for rank, spans in pieces.items() if spans}
