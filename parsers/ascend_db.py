@@ -5,7 +5,8 @@ One schema family, msprof's: times in ns on the rank's clock, every string an id
 STRING_IDS. Device tasks are TASK (names from COMPUTE_TASK_INFO), HCCL ops COMMUNICATION_OP with
 their comm name (the group is its `double_hash`, as the text files write it), their small tasks
 COMMUNICATION_TASK_INFO joined to TASK for times, host calls CANN_API and PYTORCH_API, steps
-PYTORCH_API's ProfilerStep#N or STEP_TIME. The rows are built as the trace_view.json reader
+PYTORCH_API's ProfilerStep#N or STEP_TIME; the memory tables give the memory rows
+(`parsers.ascend_memory`, as the memory CSVs do). The rows are built as the trace_view.json reader
 builds them (`parsers.ascend_rows`), so both give the same events. A directory's database is
 opened in place, read only (`mode=ro`; `immutable=1` where its folder is read-only or it is in
 WAL mode, so nothing is ever written beside it); an archive member from a private temporary copy
@@ -27,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from parsers import ascend_layout
+from parsers import ascend_layout, ascend_memory
 from parsers.ascend_comm import load_side, resolve_rank, stated_metadata
 from parsers.ascend_rows import (
     Context,
@@ -78,13 +79,6 @@ API_LEVELS = {20000: "acl", 15000: "model", 10000: "node", 5500: "communication"
 API_PREFIX = {"acl": "AscendCL", "runtime": "Runtime", "node": "Node", "model": "Model",
               "hccl": "Hccl", "communication": "Communication"}
 """CANN API level -> the prefix trace_view.json gives its calls (`AscendCL@aclrtRecordEvent`)."""
-MEMORY_TABLES = {  # table -> its columns that hold ids, and the table naming them
-    "MEMORY_RECORD": {"component": "STRING_IDS"},
-    "OP_MEMORY": {"name": "STRING_IDS"},
-    "NPU_OP_MEM": {"operatorName": "STRING_IDS", "type": "STRING_IDS", "component": "STRING_IDS"},
-    "NPU_MEM": {"type": "STRING_IDS"},
-    "NPU_MODULE_MEM": {"moduleId": "ENUM_MODULE"},
-}
 LOW_32 = 0xFFFFFFFF  # globalTid: pid << 32 | tid
 
 
@@ -190,7 +184,7 @@ def _connected(path: Path, where: str, immutable: bool) -> Iterator[Database]:
 def _tables(db: Database) -> dict[str, set[str]]:
     names = db.query("SELECT name FROM sqlite_master WHERE type = 'table'")["name"]
     return {name: set(db.query(f"PRAGMA table_info('{name}')")["name"]) for name in names
-            if name in REQUIRED or name in OPTIONAL or name in MEMORY_TABLES}
+            if name in REQUIRED or name in OPTIONAL or name in ascend_memory.DB_READ}
 
 
 def _check_schema(db: Database) -> None:
@@ -235,12 +229,15 @@ def parse(files: RankFiles, read: Reader) -> ParsedRank:
         ctx = Context(rank, member, side, warnings)
         frame, ops = _frame(db, ctx)
         device = rank_row[1] if rank_row[1] is not None else _device_id(db, warnings)
+        memory = ascend_memory.database_memory(db, rank, warnings)
+    if memory is None:  # a text export beside the database may hold the memory CSVs
+        memory = ascend_memory.memory(files, read, rank, warnings)
     found = meta(files, side, device, {"db_schema": db.version} if db.version else None)
     if not side.ops:
         found["comm_times"] = _comm_times(ops)
     names = dict(zip(ops["group"], ops["comm_name"], strict=True))
     return ParsedRank(rank=rank, events=table(frame, rank), groups=groups(side, frame, names),
-                      meta=found, warnings=warnings)
+                      meta=found, warnings=warnings, memory=memory)
 
 
 def _check_version(db: Database, warnings: list[str]) -> None:
@@ -479,39 +476,6 @@ def _ints(values: pd.Series | None, rows: int = 0) -> np.ndarray:
         return np.full(rows, NO_INT, dtype=np.int64)
     numbers = pd.to_numeric(values, errors="coerce")
     return numbers.fillna(NO_INT).astype(np.int64).to_numpy()
-
-
-# --- memory tables (read for analyses to come) ------------------------------------------------
-
-
-def memory_table(member: str, read: Reader, name: str) -> pd.DataFrame:
-    """One memory table of a profiler database (MEMORY_RECORD, OP_MEMORY, NPU_MODULE_MEM,
-    NPU_OP_MEM, NPU_MEM) with its raw columns: times in ns, sizes in bytes as the database
-    stores them, id columns replaced by the strings they name. Empty when the table is absent."""
-    ids = MEMORY_TABLES[name]
-    with opened(member, read) as db:
-        if name not in db.tables:
-            return pd.DataFrame()
-        columns = sorted(db.tables[name])
-        usable = {c: t for c, t in ids.items() if c in columns and t in _all_tables(db)}
-        picked = ", ".join(f"COALESCE(j{i}.{_label(usable[c])}, x.{_quoted(c)}) AS {_quoted(c)}"
-                           if c in usable else f"x.{_quoted(c)}" for i, c in enumerate(columns))
-        joins = "".join(f" LEFT JOIN {usable[c]} j{i} ON j{i}.id = x.{c}"
-                        for i, c in enumerate(columns) if c in usable)
-        return db.query(f"SELECT {picked} FROM {name} x{joins}")
-
-
-def _quoted(column: str) -> str:
-    """A column name (the database's own: untrusted) as an SQL identifier."""
-    return '"' + column.replace('"', '""') + '"'
-
-
-def _all_tables(db: Database) -> set[str]:
-    return set(db.query("SELECT name FROM sqlite_master WHERE type = 'table'")["name"])
-
-
-def _label(table: str) -> str:
-    return "value" if table == "STRING_IDS" else "name"
 
 
 # --- registration (parsers.formats) ----------------------------------------------------------

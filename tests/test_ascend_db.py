@@ -31,7 +31,6 @@ import pytest
 
 import tracegraph
 from parsers import parse_rank
-from parsers.ascend_db import memory_table
 from parsers.base import TraceError
 from parsers.bundle import open_bundle
 from parsers.classify import double_hash
@@ -183,21 +182,6 @@ def test_wait_time_is_kept_where_the_database_has_it():
 def parse(rank: int):
     with open_bundle(DB_BUNDLE) as bundle:
         return parse_rank(bundle.profiles[rank], bundle.read)
-
-
-def test_memory_tables_read_raw():
-    with open_bundle(DB_BUNDLE) as bundle:
-        member = bundle.profiles[0].files["db"]
-        records = memory_table(member, bundle.read, "MEMORY_RECORD")
-        ops = memory_table(member, bundle.read, "OP_MEMORY")
-        modules = memory_table(member, bundle.read, "NPU_MODULE_MEM")
-    assert len(records) == raw_count(0, "SELECT COUNT(*) FROM MEMORY_RECORD") == 990
-    assert set(records["component"]) == {c for (c,) in raw(
-        0, "SELECT DISTINCT s.value FROM MEMORY_RECORD m JOIN STRING_IDS s ON s.id = m.component")}
-    assert records["totalReserved"].max() == raw_count(0, "SELECT MAX(totalReserved) FROM "
-                                                          "MEMORY_RECORD")  # bytes, unchanged
-    assert len(ops) == 184 and "aten::empty_strided" in set(ops["name"])
-    assert set(modules["moduleId"]) <= {n for (n,) in raw(0, "SELECT name FROM ENUM_MODULE")}
 
 
 # --- the analysis: waits matched, clocks aligned ----------------------------------------------

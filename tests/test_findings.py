@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
@@ -120,6 +121,25 @@ def test_stage_memory_against_the_injected_profile(bundles, fmt: str) -> None:
             rows[0]["reserved"] / (24 * 2**30), abs=1e-4)
     [check] = evaluate([Rule("max_stage_memory_imbalance", {"ratio": 0.1})], analysis)
     assert check.status == "fail" and check.value == pytest.approx(imbalance, rel=0.05)
+
+
+def test_stage_memory_is_the_same_from_the_db_export(bundles, tmp_path: Path) -> None:
+    """`pp-memory` written as a `.db` export (MEMORY_RECORD) and as text (memory_record.csv):
+    the same memory rows, and so the same stage-memory finding, number for number."""
+    _, runs = bundles("pp-memory")
+    text = runs["ascend"][1]
+    archive = write_bundle(simulate("pp-memory"), tmp_path / "pp-memory-db.tar.gz", "ascend",
+                           "db")
+    trace = tracegraph.load(archive, use_cache=False)
+    assert set(trace.ranks["format"]) == {"ascend_db"}
+    columns = list(trace.memory.columns)
+    same = [m.sort_values(columns, ignore_index=True) for m in (trace.memory, text.trace.memory)]
+    assert len(same[0]) == 2 * 33 * 4  # MindSpore and MindSpore+GE after each of 33 events
+    pd.testing.assert_frame_equal(*same)
+    found, expected = kinds(analyze(trace))["stage_memory"], kinds(text)["stage_memory"]
+    assert found.evidence == expected.evidence and found.evidence["imbalance"] > 0.1
+    assert (found.title, found.lines, found.severity) == (
+        expected.title, expected.lines, expected.severity)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

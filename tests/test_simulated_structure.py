@@ -7,7 +7,9 @@ differences are listed in the `*_DOCUMENTED` tables, each with the document that
 MindSpore's own names (the simulator writes `*_ascend_ms`, the real Ascend files are torch_npu's)
 and the fields torch 2.12 / 2.13 added after the real Kineto fixtures were recorded. The
 simulated `.db` export is held to the real torch_npu databases table by table: every table and
-column it writes, with the same declared type, and the strings its type columns name.
+column it writes, with the same declared type, and the strings its type columns name; a job that
+profiles memory (`pp-memory`) gets the memory table its text export has, one that does not gets
+none.
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ from pathlib import Path
 
 import pytest
 
+from parsers.ascend_memory import DB_TABLES as MEMORY_TABLES
 from tests.test_simulate_writers import hand_timeline, materialize
-from tracegraph.simulate import write_ascend, write_ascend_db, write_kineto
+from tracegraph.simulate import simulate, write_ascend, write_ascend_db, write_kineto
 
 ASCEND_DOCUMENTED = {  # simulated (MindSpore) -> real (torch_npu) equivalent; ascend.md §2.2, §2.6
     "MindSpore": "Python",  # framework layer: TimelineLayerName.MINDSPORE vs torch_npu's Python
@@ -282,6 +285,9 @@ def test_step_trace_time_columns_match_real(sim_ascend, real):
 ASCEND_DB_READ = {"STRING_IDS", "TASK", "COMPUTE_TASK_INFO", "COMMUNICATION_OP",
                   "COMMUNICATION_TASK_INFO", "CANN_API", "STEP_TIME", "RANK_DEVICE_MAP",
                   "META_DATA", "ENUM_API_TYPE", "ENUM_HCCL_DATA_TYPE"}  # what the parser reads
+DB_DOCUMENTED_STRINGS = {  # simulated (MindSpore) -> real (torch_npu); docs/schema.md, memory
+    "MindSpore": "PTA", "MindSpore+GE": "PTA+GE"}  # the framework allocator's components
+MEMORY_JOB = "pp-memory"  # the scenario whose databases hold memory
 
 
 def db_schema(path: Path) -> dict[str, dict[str, str]]:
@@ -294,7 +300,9 @@ def db_schema(path: Path) -> dict[str, dict[str, str]]:
 
 
 def db_strings(path: Path, table: str, column: str) -> set[str]:
-    """The STRING_IDS values a table's id column names."""
+    """The STRING_IDS values a table's id column names (none where the table is absent)."""
+    if table not in db_schema(path):
+        return set()
     uri = path.resolve().as_uri() + "?mode=ro&immutable=1"
     with sqlite3.connect(uri, uri=True) as conn:
         return {v for (v,) in conn.execute(f"SELECT DISTINCT s.value FROM {table} x "
@@ -326,15 +334,20 @@ def real_dbs(real: Path) -> list[Path]:
 
 @pytest.fixture(scope="module")
 def sim_dbs(tmp_path_factory) -> list[Path]:
-    folder = tmp_path_factory.mktemp("simdb")
-    files = materialize(write_ascend_db.iter_files(hand_timeline()))
-    paths = []
-    for path, data in files.items():
-        if path.endswith(".db"):
-            paths.append(folder / path.replace("/", "_"))
-            paths[-1].write_bytes(data)
-    assert len(paths) == 4
-    assert not any(p.endswith(("trace_view.json", "communication.json")) for p in files)
+    """The databases of the hand-built job (no memory profiled), then of `pp-memory`'s, each in
+    a folder named after its job."""
+    paths, base = [], tmp_path_factory.mktemp("simdb")
+    for job, timeline in (("hand", hand_timeline()), (MEMORY_JOB, simulate(MEMORY_JOB))):
+        folder = base / job
+        folder.mkdir()
+        files = materialize(write_ascend_db.iter_files(timeline))
+        for path, data in files.items():
+            if path.endswith(".db"):
+                paths.append(folder / path.replace("/", "_"))
+                paths[-1].write_bytes(data)
+        assert not any(p.endswith(("trace_view.json", "communication.json", ".csv"))
+                       for p in files)
+    assert len(paths) == 8
     return paths
 
 
@@ -354,6 +367,21 @@ def test_ascend_db_tables_have_nothing_the_real_ones_lack(sim_dbs, real_dbs):
         assert set(sim) >= ASCEND_DB_READ  # the comparison covered every table the parser reads
 
 
+def test_memory_tables_are_written_when_the_job_profiles_memory(sim_dbs, real_dbs):
+    """`pp-memory`'s databases hold MEMORY_RECORD with exactly the real table's columns and
+    types (its text export writes memory_record.csv alone); the hand-built job profiles no
+    memory and its databases hold no memory table, as a real export without profile_memory."""
+    real = union([db_schema(p) for p in real_dbs])
+    for path in sim_dbs:
+        sim = db_schema(path)
+        written = set(sim) & set(MEMORY_TABLES)
+        if path.parent.name == MEMORY_JOB:
+            assert written == {"MEMORY_RECORD"}
+            assert sim["MEMORY_RECORD"] == real["MEMORY_RECORD"]
+        else:
+            assert written == set()
+
+
 def test_the_db_structure_diff_catches_what_real_files_lack(sim_dbs, real_dbs):
     sim = db_schema(sim_dbs[0])
     sim["TASK"]["eventId"] = "INTEGER"  # what no real export has
@@ -365,19 +393,22 @@ def test_the_db_structure_diff_catches_what_real_files_lack(sim_dbs, real_dbs):
 
 @pytest.mark.parametrize(("table", "column"), [
     ("TASK", "taskType"), ("COMMUNICATION_TASK_INFO", "taskType"),
-    ("COMMUNICATION_OP", "opType"), ("COMMUNICATION_OP", "algType"), ("CANN_API", "name")])
+    ("COMMUNICATION_OP", "opType"), ("COMMUNICATION_OP", "algType"), ("CANN_API", "name"),
+    ("MEMORY_RECORD", "component")])
 def test_ascend_db_strings_are_real_ones(sim_dbs, real_dbs, table, column, real):
-    """The task types, HCCL op and task types and CANN API names the simulated databases use
-    all occur in the real ones (kernel and op names are the text writer's, checked there). The
-    real databases hold only all-reduces: HCCL op types are also taken from the `Type` of the
-    real pp2dp2 kernel_details.csv's COMMUNICATION rows (batchSendRecv, allGather, ...)."""
+    """The task types, HCCL op and task types, CANN API names and memory components the
+    simulated databases use all occur in the real ones (kernel and op names are the text
+    writer's, checked there; MindSpore's allocator components map to torch_npu's). The real
+    databases hold only all-reduces: HCCL op types are also taken from the `Type` of the real
+    pp2dp2 kernel_details.csv's COMMUNICATION rows (batchSendRecv, allGather, ...)."""
     known = set().union(*(db_strings(p, table, column) for p in real_dbs))
     if (table, column) == ("COMMUNICATION_OP", "opType"):
         folder = ascend_real(real) / "torch_npu_pp2dp2_level2_comm"
         for path in folder.glob("rank_*/*/kernel_details.csv"):
             rows = csv.DictReader(io.StringIO(path.read_text()))
             known |= {r["Type"] for r in rows if r["Accelerator Core"] == "COMMUNICATION"}
-    sim = set().union(*(db_strings(p, table, column) for p in sim_dbs))
+    sim = {DB_DOCUMENTED_STRINGS.get(v, v)
+           for v in set().union(*(db_strings(p, table, column) for p in sim_dbs))}
     if (table, column) == ("CANN_API", "name"):
         sim = {re.sub(r"^(aclnn|hcom_)\w+$", r"\1*", s) for s in sim}
         known = {re.sub(r"^(aclnn|hcom_)\w+$", r"\1*", s) for s in known}
@@ -389,7 +420,11 @@ def test_ascend_db_times_are_ns_since_the_epoch(sim_dbs, real_dbs):
         uri = path.resolve().as_uri() + "?mode=ro&immutable=1"
         with sqlite3.connect(uri, uri=True) as conn:
             low, high = conn.execute("SELECT MIN(startNs), MAX(endNs) FROM TASK").fetchone()
-        assert 1.6e18 < low <= high < 1.9e18
+            assert 1.6e18 < low <= high < 1.9e18
+            if "MEMORY_RECORD" in db_schema(path):
+                first, last = conn.execute(
+                    "SELECT MIN(timestamp), MAX(timestamp) FROM MEMORY_RECORD").fetchone()
+                assert low - 1e9 < first <= last < high + 1e9  # the run's, in ns as well
 
 
 # --- Kineto ------------------------------------------------------------------------------------

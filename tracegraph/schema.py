@@ -123,8 +123,8 @@ MEMORY = pa.schema(
 )
 MEMORY_SOURCES = ("kineto", "memory_record", "operator_memory", "npu_module_mem")
 """Where memory rows come from: Kineto `[memory]` instant events; Ascend `memory_record.csv`,
-`operator_memory.csv` and `npu_module_mem.csv` (the `.db` tables MEMORY_RECORD, OP_MEMORY and
-NPU_MODULE_MEM hold the same columns and map onto the same sources)."""
+`operator_memory.csv` and `npu_module_mem.csv` (the `.db` tables MEMORY_RECORD and NPU_MEM's `app`
+rows, OP_MEMORY, NPU_MODULE_MEM hold the same rows and map onto the same sources)."""
 FRAMEWORK_COMPONENTS = ("PTA+GE", "PTA", "MindSpore+GE", "MindSpore", "allocator", "GE")
 """Components that are the training framework's device allocator, best first: a rank's peak
 memory is read from the first of them its rows hold."""

@@ -43,7 +43,7 @@ def comm_dims(analysis: Analysis) -> np.ndarray:
     dimension is unknown, so the overlap checks and blame name the same dimension."""
     categories = pd.Series(comm_categories(analysis), dtype=object)
     kinds = {c: causes.get(c).dim or c for c in categories.unique() if c}
-    dims = categories.map(kinds).fillna("").to_numpy(dtype=object)
+    dims = categories.map(kinds).astype(object).fillna("").to_numpy(dtype=object)
     is_comm = analysis.ops.frame["kind"].isin([schema.COLLECTIVE, schema.P2P]).to_numpy()
     return np.where(is_comm, dims, "")
 

@@ -23,7 +23,7 @@ from platformdirs import user_cache_dir
 from parsers.base import GroupInfo, ParsedRank
 from tracegraph import schema
 
-CACHE_VERSION = "8"
+CACHE_VERSION = "9"
 """Bump when a parser's output or the entry layout changes, so stale entries are not reused."""
 EVENTS_FILE = "events.arrow"
 MEMORY_FILE = "memory.arrow"

@@ -69,6 +69,7 @@ TRANSPORTS = ("RDMA", "HCCS", "PCIE", "SDMA", "SIO")
 LARGE_PACKET_MB = 32.0
 MS_VERSION, CANN_VERSION = "2.6.0", "8.3.RC1"
 MS_MB = 1024 * 1000  # MindSpore's memory_record "MB": bytes / 1024 (KB) / 1000
+MEMORY_COMPONENTS = ("MindSpore", "MindSpore+GE")  # its allocator, and the sum with GE's (none)
 
 
 def files(timeline: Timeline) -> dict[str, bytes]:
@@ -188,18 +189,24 @@ class RankWriter:
         """memory_record.csv as MindSpore's AscendMemoryViewer writes it: a `MindSpore` row
         per allocator event and the `MindSpore+GE` sum beside it (no GE memory here), sizes
         in its "MB" of 1024 × 1000 bytes, the µs timestamp as Decimal text."""
-        memory = self.job.timeline.memory
-        mine = memory[memory["rank"] == self.rank]
-        micros_text = [f"{t // 1000}.{t % 1000:03d}" for t in
-                       (mine["time_ns"].to_numpy(np.int64) + self.shift).tolist()]
+        mine = self.memory_samples()
+        micros_text = [f"{t // 1000}.{t % 1000:03d}" for t in mine["ts"].tolist()]
         lines = ["Component,Timestamp(us),Total Allocated(MB),Total Reserved(MB),"
                  "Total Active(MB),Device Type"]
         for ts, allocated, reserved in zip(micros_text, mine["allocated"].tolist(),
                                            mine["reserved"].tolist(), strict=True):
             sizes = f"{allocated / MS_MB!r},{reserved / MS_MB!r},{allocated / MS_MB!r}"
-            for component in ("MindSpore", "MindSpore+GE"):
+            for component in MEMORY_COMPONENTS:
                 lines.append(f"{component},{ts},{sizes},NPU:{self.rank}")
         return ("\n".join(lines) + "\n").encode()
+
+    def memory_samples(self) -> pd.DataFrame:
+        """The rank's allocator totals (bytes) after each event, at `ts` on its local clock."""
+        memory = self.job.timeline.memory
+        mine = memory[memory["rank"] == self.rank]
+        return pd.DataFrame({"ts": mine["time_ns"].to_numpy(np.int64) + self.shift,
+                             "allocated": mine["allocated"].to_numpy(np.int64),
+                             "reserved": mine["reserved"].to_numpy(np.int64)})
 
     # --- the rank's ops, with the ids msprof assigns ---------------------------------------------
 

@@ -3,9 +3,10 @@
 `ASCEND_PROFILER_OUTPUT/ascend_mindspore_profiler_{rank}.db`, and no text timeline.
 
 The database holds the same tasks, HCCL ops, small tasks and CANN calls as `write_ascend`'s
-trace_view.json (one `RankWriter`, so the same ids and times), in msprof's schema: every table
-and column is one the real torch_npu export (schema 1.0.0) has, with the same declared types
-(the structure test checks them). MindSpore's framework layer has no table in msprof's schema:
+trace_view.json (one `RankWriter`, so the same ids and times), and, when the job profiles memory,
+memory_record.csv's rows as MEMORY_RECORD, in msprof's schema: every table and column is one the
+real torch_npu export (schema 1.0.0) has, with the same declared types (the structure test
+checks them). MindSpore's framework layer has no table in msprof's schema:
 the steps are STEP_TIME's. As in real databases, nothing names the record an EVENT_WAIT waits on.
 """
 
@@ -59,6 +60,11 @@ TABLES = {  # name -> column definitions, as the real torch_npu export declares 
     "CANN_API": "startNs INTEGER,endNs INTEGER,type INTEGER,globalTid INTEGER,"
                 "connectionId INTEGER PRIMARY KEY,name INTEGER",
 }
+MEMORY_TABLES = {  # written when the job profiles memory, as the real export declares them
+    "MEMORY_RECORD": "component INTEGER, timestamp INTEGER, totalAllocated INTEGER, "
+                     "totalReserved INTEGER, totalActive INTEGER, streamPtr INTEGER, "
+                     "deviceId INTEGER",
+}
 API_TYPES = {5000: "runtime", 5500: "hccl", 10000: "node", 15000: "model", 20000: "acl",
              50001: "op", 50002: "queue", 50003: "trace", 50004: "mstx"}
 DATA_TYPES = {0: "INT8", 1: "INT16", 2: "INT32", 3: "FP16", 4: "FP32", 5: "INT64",
@@ -105,11 +111,15 @@ class DbRankWriter(RankWriter):
         tasks, compute, sub_tasks = self._device(strings)
         rows = {"TASK": tasks, "COMPUTE_TASK_INFO": compute, "CANN_API": self._cann_api(strings),
                 **self._communication(strings, sub_tasks), **self._facts()}
+        tables = dict(TABLES)
+        if self.job.timeline.memory is not None:
+            rows["MEMORY_RECORD"] = self._memory_record(strings)
+            tables |= MEMORY_TABLES
         rows["STRING_IDS"] = strings.rows()
         with tempfile.TemporaryDirectory(prefix="tracegraph-sim-") as folder:
             path = Path(folder) / "profile.db"
             with closing(sqlite3.connect(path)) as conn, conn:
-                for name, columns in TABLES.items():
+                for name, columns in tables.items():
                     conn.execute(f"CREATE TABLE {name} ({columns})")
                     if rows.get(name):
                         marks = ",".join("?" * len(rows[name][0]))
@@ -175,6 +185,16 @@ class DbRankWriter(RankWriter):
                      tasks["notify"], tasks["me"], tasks["peer_local"], tasks["size"], reduced,
                      tasks["link"], tasks["op"], strict=True)]
         return {"COMMUNICATION_OP": ops, "COMMUNICATION_TASK_INFO": small}
+
+    def _memory_record(self, strings: _Strings) -> list[tuple]:
+        """MEMORY_RECORD: memory_record.csv's rows (`memory_record`) in bytes and ns, the
+        component a STRING_IDS id, the device its id; no stream pointer (the CSV has none)."""
+        samples = self.memory_samples()
+        return [(strings.id(component), ts, allocated, reserved, allocated, None, self.device)
+                for ts, allocated, reserved in zip(
+                    samples["ts"].tolist(), samples["allocated"].tolist(),
+                    samples["reserved"].tolist(), strict=True)
+                for component in write_ascend.MEMORY_COMPONENTS]
 
     def _facts(self) -> dict[str, list[tuple]]:
         """META_DATA, RANK_DEVICE_MAP, STEP_TIME, session, NPU and the ENUM tables."""
