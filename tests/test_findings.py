@@ -235,3 +235,13 @@ def test_exposure_the_profile_cannot_explain_is_not_called_the_transfers(real: P
     finding = kinds(analysis)["exposed_comm"]
     assert finding.severity == "info" and "the profile does not hold" in finding.title
     assert finding.evidence["by_dim"]["pp"]["unexplained_ms"] > 380  # ranks 0 and 2
+
+
+def test_one_stage_memory_is_not_compared_with_itself(real: Path) -> None:
+    """torch_npu_ddp8_level1 (plain DDP, one stage): memory_record.csv's Total Allocated peaks at
+    1261.043 MB (1.23 GiB) on both ranks; there is no other stage to hold it against."""
+    analysis = analyze(tracegraph.load(real / "ascend/torch_npu_ddp8_level1", use_cache=False))
+    finding = kinds(analysis)["stage_memory"]
+    assert finding.title == "device memory: peak 1.23 GiB" and finding.severity == "info"
+    assert finding.evidence["stages"] == 1
+    assert "one pipeline stage: no stage to compare it with" in finding.lines[0]
