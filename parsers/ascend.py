@@ -141,23 +141,26 @@ def parse(files: RankFiles, read: Reader) -> ParsedRank:
         ctx.where = files.files["communication"]
         frame = concat([frame, comm_only_frame(ctx)])
     marks = device_step_marks(frame)
-    _check_spans(marks, side.stages_us, files.files.get("kernels", files.root), warnings)
+    gaps = _span_gaps(marks, side.stages_us, files.files.get("kernels", files.root))
+    warnings += [f"{gap}: the table is incomplete, step times and stragglers read from it are "
+                 "not reliable" for gap in gaps]
     frame = concat([frame, marks])
+    found = meta(files, side, _pid_device(device_pid), layers=ctx.layers)
     return ParsedRank(rank=rank, events=table(frame, rank), groups=groups(side, frame),
-                      meta=meta(files, side, _pid_device(device_pid), layers=ctx.layers),
+                      meta=found | ({"incomplete": "; ".join(gaps)} if gaps else {}),
                       warnings=warnings, memory=ascend_memory.memory(files, read, rank, warnings))
 
 
-def _check_spans(marks: pd.DataFrame, stages_us: dict[int, float], where: str,
-                 warnings: list[str]) -> None:
-    """Warn where a step's device tasks span less (or more) than step_trace_time.csv's Stage
-    for it: the kernel table lacks rows, and step times read from it are not the step's."""
+def _span_gaps(marks: pd.DataFrame, stages_us: dict[int, float], where: str) -> list[str]:
+    """Where a step's device tasks span less (or more) than step_trace_time.csv's Stage for it:
+    the kernel table lacks rows, and step times read from it are not the step's."""
+    gaps = []
     for step, dur in zip(marks["step"], marks["dur_ns"], strict=True):
         stage = stages_us.get(int(step))
         if stage is not None and abs(dur / 1e3 - stage) > max(STAGE_SLACK * stage, 1.0):
-            warnings.append(f"{where}: its tasks of step {step} span {dur / 1e6:.3f} ms, "
-                            f"step_trace_time.csv's Stage {stage / 1e3:.3f} ms: the table is "
-                            "incomplete, step times and stragglers read from it are not reliable")
+            gaps.append(f"{where}: its tasks of step {step} span {dur / 1e6:.3f} ms, "
+                        f"step_trace_time.csv's Stage {stage / 1e3:.3f} ms")
+    return gaps
 
 
 def _pid_device(pid: int | None) -> int | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from itertools import groupby
 
+import pandas as pd
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -17,9 +18,11 @@ from reports.critical_path import path_lines
 from reports.markdown import rank_sum
 from tracegraph import causes
 from tracegraph.analysis.analyze import Analysis
+from tracegraph.loading.groups import group_labels
 from tracegraph.verify import metrics
 
 CATEGORY_WIDTH = max(map(len, causes.CATEGORIES))  # category names line up in chains
+_HCCL_LANE = re.compile(r"\bhccl (\S+)")
 _CATEGORY_WORDS = re.compile(r"\b(?:" + "|".join(map(re.escape, causes.CATEGORIES)) + r")\b")
 
 
@@ -29,6 +32,7 @@ def print_analysis(console: Console, summary: dict[str, object],
     rank's own too), each step's critical path, and the top bubbles with their causal
     chains."""
     slowest = metrics.slowest_rank_bubbles(analysis) if analysis is not None else {}
+    labels = group_labels(pd.DataFrame(summary["groups"])) if summary.get("groups") else {}
     for step in summary["steps"]:
         table = Table(title=f"step {step['step']}: {step['max_ms']:.1f} ms (slowest rank)")
         table.add_column("rank")
@@ -39,18 +43,40 @@ def print_analysis(console: Console, summary: dict[str, object],
         for line in step_bubble_lines(step, slowest.get(step["step"])):
             console.print(styled(line), highlight=False)
         for line in path_lines(summary["critical_path"].get(str(step["step"]))):
-            console.print(styled(line), highlight=False, soft_wrap=True)
+            console.print(styled(named_groups(line, labels)), highlight=False, soft_wrap=True)
     offsets = summary["clock_offsets_ns"]
     if any(offsets.values()):
         shown = ", ".join(f"rank {r}: {ns / 1e3:+.1f} µs" for r, ns in offsets.items())
         console.print(f"clock offsets applied: {shown}", highlight=False)
-    if summary["slow_ranks"]:
-        console.print(f"compute stragglers: {summary['slow_ranks']}", highlight=False)
+    for line in straggler_lines(summary):
+        console.print(line, highlight=False)
     total = summary["bubble_count"]
     console.print(f"\n{len(summary['bubbles'])} of {total} bubbles, longest first:",
                   highlight=False)
     for bubble in summary["bubbles"]:
-        console.print(styled(chain_text(bubble)), highlight=False, soft_wrap=True)
+        console.print(styled(named_groups(chain_text(bubble), labels)), highlight=False,
+                      soft_wrap=True)
+
+
+def named_groups(text: str, labels: dict[str, str]) -> str:
+    """`text` with the group ids that name HCCL lanes ("hccl 5862276114690318097") as the
+    groups' labels ("hccl group_name_5 (dp_cp)")."""
+    return _HCCL_LANE.sub(lambda m: f"hccl {labels.get(m[1], m[1])}", text) if labels else text
+
+
+def straggler_lines(summary: dict[str, object], shown: int = 8) -> list[str]:
+    """The compute stragglers named, and the ranks not judged and why (the first `shown`)."""
+    judged = summary.get("stragglers") or {}
+    unjudged = judged.get("not_judged") or {}
+    if not summary["slow_ranks"] and not unjudged:
+        return []
+    lines = [f"compute stragglers: {summary['slow_ranks'] or 'none named'}"
+             + (f" (peers: {' '.join(map(str, judged['peers']))})" if judged.get("peers")
+                else "")]
+    lines += [f"  rank {rank} not judged: {why}" for rank, why in list(unjudged.items())[:shown]]
+    if len(unjudged) > shown:
+        lines.append(f"  … {len(unjudged) - shown} more ranks not judged")
+    return lines
 
 
 def step_bubble_lines(step: dict[str, object], slowest: metrics.SlowestRank | None

@@ -142,3 +142,79 @@ def test_check_and_analyze_name_the_same_dimension(ddp8: Analysis) -> None:
     assert set(metrics.overlap_ratios(ddp8)) == {"collective"}
     (overlap,) = evaluate([Rule("min_overlap", {"dim": "dp", "ratio": 0.25})], ddp8)
     assert overlap.status == "not_applicable"
+
+
+@pytest.fixture(scope="module")
+def mi300(real: Path, tmp_path_factory) -> Analysis:
+    cache = tmp_path_factory.mktemp("cache")
+    return analyze(tracegraph.load(real / "kineto/tracelens/mi300", cache_dir=cache))
+
+
+def test_a_first_step_starts_when_the_device_reaches_it(mi300: Analysis, real: Path,
+                                                        tmp_path: Path) -> None:
+    """The MI300X trace (read by hand): ProfilerStep#15–17 on the host last 16.8 / 16.0 / 15.9
+    ms; the GPU runs ~30 ms behind, so the trace opens with kernels launched before profiling
+    began (no hipLaunchKernel for their correlation ids) until the first kernel step 15
+    launched starts. Each step as the device ran it is then ≈ 19 ms, the first one too (it
+    was 49 ms, the backlog counted in); and the queue-length trace's first step likewise."""
+    steps = mi300.step_table().set_index("step")["ms"]
+    assert list(steps.index) == [15, 16, 17]
+    assert all(18.0 < ms < 19.5 for ms in steps)
+    first = analyze(tracegraph.load(real / "kineto/hta/negative_queue_length_values_check",
+                                    cache_dir=tmp_path)).step_table()["ms"]
+    assert first.iloc[0] < 1.05 * first.iloc[1:].max()
+
+
+def test_analyze_shows_one_step_time_per_step(real: Path, tmp_path: Path) -> None:
+    """The inventory's step times are the step tables' (the device's); the host markers stay
+    in the JSON as host_steps."""
+    import json
+
+    from tests.test_checks import run_cli
+
+    run = run_cli("analyze", real / "kineto/tracelens/mi300", "--json", "--cache-dir", tmp_path)
+    summary = json.loads(run.stdout)
+    [rank] = summary["ranks"]
+    assert rank["steps"] == {str(s["step"]): s["time_ms"]["0"] for s in summary["steps"]}
+    assert rank["host_steps"] == {"15": 16.799, "16": 15.951, "17": 15.887}
+    text = run_cli("analyze", real / "kineto/tracelens/mi300", "--cache-dir", tmp_path).stdout
+    assert "#15: 19.0" in text and "16.8" not in text
+
+
+def test_a_wait_the_host_issued_gates_the_next_launch(mi300: Analysis) -> None:
+    """The MI300X trace has 24 hipStreamWaitEvent calls and no device-side wait: each is
+    followed by a launch onto the stream told to wait (12 RCCL kernels on stream 4, 12 copies
+    on stream 0). Compute stream 0's long idles are its waits on the all-reduce before them,
+    by host call order and their ends (medium), not a guess that both streams share one queue
+    (low): each copy starts after an RCCL kernel launched before the call ends (9 of the 12
+    within 30 µs, the others 0.18 ms)."""
+    edges = mi300.graph.edges
+    waits = edges[edges["kind"] == "host_wait"]
+    frame = mi300.ops.frame
+    assert len(waits) == 24
+    assert sorted(frame.loc[waits["dst"], "lane"].value_counts().items()) == [
+        ("stream 0", 12), ("stream 4", 12)]
+    on_copy = waits[frame.loc[waits["dst"], "lane"].to_numpy() == "stream 0"]
+    assert set(frame.loc[on_copy["src"], "name"].str.startswith("ncclDevKernel")) == {True}
+    gap = mi300.start[on_copy["dst"]] - mi300.end[on_copy["src"]]
+    assert ((gap > 0) & (gap < 200_000)).all() and (gap < 30_000).sum() == 9
+    long = [b for b in mi300.bubbles if b.dur > 5e6]
+    assert len(long) == 3
+    for bubble in long:
+        assert bubble.category == causes.COLLECTIVE and bubble.sureness == "medium"
+        assert "stream wait the host issued" in bubble.evidence
+    assert not (edges["kind"] == "shared_queue").any()
+
+
+@pytest.mark.parametrize("bundle", ["kineto/tracelens/mi300", "kineto/hta/critical_path/alexnet",
+                                    "kineto/hta/nccl_parser_config"])
+def test_a_rank_alone_waits_on_no_peer(real: Path, tmp_path: Path, bundle: str) -> None:
+    """One rank in the bundle, no pipeline: compute it or its critical path waited for is its
+    own, never a peer's."""
+    analysis = analyze(tracegraph.load(real / bundle, cache_dir=tmp_path))
+    charged = {i.category for b in analysis.bubbles for i in b.intervals}
+    on_path = {s.category for path in analysis.critical_paths.values() for s in path
+               if s.kind == "compute"}
+    assert causes.PEER_COMPUTE not in charged | on_path
+    assert on_path <= {causes.OWN_COMPUTE}
+    assert on_path or bundle.endswith("alexnet")  # its path: the host launching late only

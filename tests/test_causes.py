@@ -20,7 +20,7 @@ PUBLIC = {"DP_REDUCTION": "dp_reduction", "PP_P2P": "pp_p2p", "EP_ALLTOALL": "ep
           "TP_COLLECTIVE": "tp_collective", "CP_COLLECTIVE": "cp_collective",
           "COLLECTIVE": "collective", "COMPUTE_STRAGGLER": "compute_straggler",
           "HOST_LAUNCH": "host_launch", "PIPELINE_FILL": "pipeline_fill",
-          "PEER_COMPUTE": "peer_compute", "UNKNOWN": "unknown"}
+          "PEER_COMPUTE": "peer_compute", "OWN_COMPUTE": "own_compute", "UNKNOWN": "unknown"}
 
 
 def test_the_public_names_are_declared_once_each() -> None:

@@ -12,8 +12,8 @@ from tracegraph.analysis.walk import COMPUTE, STEP_TAIL, TRANSFER, WAIT
 
 def late_receiver(step_end: float = 100) -> TraceBuilder:
     """Rank 0 computes 0–10 ms, then its send blocks until rank 1 posts the recv at 50 ms (rank
-    1 computes 0–50, a straggler); the transfer runs 50–60; rank 0 computes 60–100. Rank 0's
-    step marker ends at `step_end`."""
+    1 runs the same forward in 50 ms: a straggler, as the two run the same ops); the transfer
+    runs 50–60; rank 0 computes 60–100. Rank 0's step marker ends at `step_end`."""
     b = TraceBuilder(unit=MS)
     b.group("pp", (0, 1), dim="pp")
     r0, r1 = b.stream(0, 7), b.stream(1, 7)
@@ -22,9 +22,9 @@ def late_receiver(step_end: float = 100) -> TraceBuilder:
     r0.send(10, 60, peer=1, group="pp", seq=0)
     r0.compute(60, 100, "Bwd")
     r1.step(1, 0, 80)
-    r1.compute(0, 50, "SlowFwd")
+    r1.compute(0, 50, "Fwd")
     r1.recv(50, 60, peer=0, group="pp", seq=0)
-    r1.compute(60, 80, "Tail")
+    r1.compute(60, 80, "Bwd")
     return b
 
 
@@ -36,7 +36,7 @@ def test_path_follows_the_binding_predecessor_across_ranks() -> None:
     path = analyze(late_receiver().trace()).critical_paths[1]
     assert spans(path) == [
         (0, "Fwd", COMPUTE, causes.PIPELINE_FILL, 0, 10),
-        (1, "SlowFwd", COMPUTE, causes.COMPUTE_STRAGGLER, 10, 50),  # what the send waited for
+        (1, "Fwd", COMPUTE, causes.COMPUTE_STRAGGLER, 10, 50),  # what the send waited for
         (0, "send", TRANSFER, causes.PP_P2P, 50, 60),
         (0, "Bwd", COMPUTE, causes.PIPELINE_FILL, 60, 100),
     ]

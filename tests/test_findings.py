@@ -194,3 +194,54 @@ def test_findings_in_json_terminal_and_html(bundles) -> None:
     assert "CUDA_DEVICE_MAX_CONNECTIONS" in text
     html = render(analysis)
     assert "<h2>Findings</h2>" in html and 'data-kind="serialized_streams"' in html
+
+
+def test_exposure_waiting_on_a_late_peer_is_not_the_transfers(real: Path) -> None:
+    """gloo_pp2_dp2 (read by hand): rank 1 sleeps 200 ms in each step before its DP all_reduce;
+    ranks 0 and 2 wait ≈ 203 ms inside `MOE a2a`'s all_to_all, rank 3 ≈ 205 ms in its DP
+    all_reduce. That exposure is the sleeper's, which no overlap hides: the transfers' own is a
+    few ms, and no exposed-communication warning names the all-to-all."""
+    analysis = analyze(tracegraph.load(real / "kineto/gloo_pp2_dp2", use_cache=False))
+    table = exposed_table(analysis, stage_of(analysis)).set_index(["rank", "dim"])
+    for rank, dim in ((0, "ep"), (2, "ep"), (3, "dp")):
+        row = table.loc[(rank, dim)]
+        assert row["exposed_ms"] > 195 and row["waiting_ms"] > 190 and row["own_ms"] < 6
+    assert table["own_ms"].max() < 10
+    finding = kinds(analysis)["exposed_comm"]
+    assert finding.severity == "info" and "waiting for work elsewhere" in finding.title
+    assert finding.evidence["by_dim"]["ep"]["waiting_ms"] > 380  # ranks 0 and 2 together
+
+
+def test_exposure_only_of_ranks_whose_compute_is_timed(real: Path) -> None:
+    """torch_npu_pp2dp2_level2_comm: ranks 1 and 3 ship communication.json alone: how much of
+    their communication compute hid is unknown, so they get no exposed time (not 100 %)."""
+    path = real / "ascend/torch_npu_pp2dp2_level2_comm"
+    analysis = analyze(tracegraph.load(path, use_cache=False))
+    assert set(exposed_table(analysis, stage_of(analysis))["rank"]) == {0, 2}
+    assert set(reduction_overlap(analysis)["rank"]) <= {0, 2}
+
+
+def test_exposure_the_profile_cannot_explain_is_not_called_the_transfers(real: Path) -> None:
+    """torch_npu_pp2dp2_level2_comm rank 0 (stage 0): communication.json's batchSendRecv ops
+    _3_1 / _4_1 / _5_1 last 0.436 + 158.553 + 154.888 = 313.877 ms while stage 1 computes
+    (HCCL's own Wait Time for _4_1: 158.102 ms); the profile has no trace_view.json, so no
+    stream wait links the idle compute stream to them. That is no proof the transfers are
+    slow: no warning tells to overlap P2P; the finding says the profile cannot tell."""
+    analysis = analyze(tracegraph.load(real / "ascend/torch_npu_pp2dp2_level2_comm",
+                                       use_cache=False))
+    row = exposed_table(analysis, stage_of(analysis)).set_index(["rank", "dim"]).loc[(0, "pp")]
+    assert row["exposed_ms"] == pytest.approx(313.877, abs=0.01)
+    assert row["unexplained_ms"] > 313 and row["own_ms"] < 1
+    finding = kinds(analysis)["exposed_comm"]
+    assert finding.severity == "info" and "the profile does not hold" in finding.title
+    assert finding.evidence["by_dim"]["pp"]["unexplained_ms"] > 380  # ranks 0 and 2
+
+
+def test_one_stage_memory_is_not_compared_with_itself(real: Path) -> None:
+    """torch_npu_ddp8_level1 (plain DDP, one stage): memory_record.csv's Total Allocated peaks at
+    1261.043 MB (1.23 GiB) on both ranks; there is no other stage to hold it against."""
+    analysis = analyze(tracegraph.load(real / "ascend/torch_npu_ddp8_level1", use_cache=False))
+    finding = kinds(analysis)["stage_memory"]
+    assert finding.title == "device memory: peak 1.23 GiB" and finding.severity == "info"
+    assert finding.evidence["stages"] == 1
+    assert "one pipeline stage: no stage to compare it with" in finding.lines[0]

@@ -163,6 +163,26 @@ def test_ddp8_group_size_is_what_the_profile_states(real: Path, tmp_path: Path) 
         "in the bundle and their global ranks are not stated"]
 
 
+def test_a_group_is_named_alike_in_warnings_inventory_and_chains(real: Path,
+                                                                 tmp_path: Path) -> None:
+    """torch_npu_ddp8_db_level1: COMMUNICATION_OP's groupName of hashed group
+    17148521525495523210 is "90.91.105.46%enp189s0f0_60000_0_1736410538306028" (read in the
+    .db); gloo_pp2_dp2: pg "1" is desc `dp_stage0`. The warning, the comm ops, the groups
+    table and the chains name each group by that one label."""
+    from tests.test_checks import run_cli
+
+    db = real / "ascend/torch_npu_ddp8_db_level1"
+    label = "90.91.105.46%enp189s0f0_60000_0_1736410538306028"
+    trace = tracegraph.load(db, cache_dir=tmp_path)
+    assert f"group {label} has 8 members (2 in the bundle: 0, 1)" in " ".join(trace.warnings)
+    assert not any("17148521525495523210 has" in w for w in trace.warnings)
+    text = run_cli("analyze", real / "kineto/gloo_pp2_dp2", "--cache-dir", tmp_path).stdout
+    assert "@dp_stage0" in text and "@dp_stage1" in text  # the inventory's comm ops
+    rows = {tuple(cell.strip() for cell in line.split("│")[1:4]) for line in text.splitlines()}
+    assert {("0", "default_pg", "world"), ("1", "dp_stage0", "dp"),
+            ("2", "dp_stage1", "dp")} <= rows  # the groups table: id, name, dim
+
+
 def test_ascend_world_group_from_parallel_group_info(real: Path, tmp_path: Path) -> None:
     """torch_npu_pp2dp2_level2_comm: parallel_group_info "group_name_0" (default_group) lists
     global_ranks [0, 1, 2, 3]; distributed_args.world_size is 4."""

@@ -1,15 +1,19 @@
 """The terminal output on the real gloo_pp2_dp2 trace: rank 1's sleep reads as one line in its
-chain diagram; per-step totals say they sum over ranks, beside the slowest rank's own."""
+chain diagram; per-step totals say they sum over ranks, beside the slowest rank's own; groups by
+their names."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from rich.console import Console
 
 import tracegraph
+from parsers.classify import double_hash
 from reports.terminal import chain_text, merged_intervals, print_analysis
-from tests.conftest import SAMPLES
+from tests.conftest import REAL, SAMPLES
+from tests.test_checks import run_cli
 from tracegraph import causes
 from tracegraph.analysis.analyze import analyze
 from tracegraph.analysis.summary import summarize
@@ -79,3 +83,16 @@ def test_two_groups_with_absent_members_stay_two_lines(cache_dir: Path) -> None:
     assert len({p["absent_group"] for p in lines}) == 2 == len(lines)
     text = chain_text(wait)
     assert "the 127 members of group" in text and "the 31 members of group" in text
+
+
+def test_groups_are_named_not_numbered(tmp_path: Path) -> None:
+    """The Ascend PP2 × DP2 job's HCCL groups are hashes of their names (profiler_metadata.json:
+    group_name_5 = dp_cp [0, 1]); the terminal names lanes, comm ops and absent members by the
+    group's name, the JSON keeps the id."""
+    bundle = REAL / "ascend" / "torch_npu_pp2dp2_level2_comm"
+    text = run_cli("analyze", bundle, "--cache-dir", tmp_path, "--top", "0").stdout
+    dp = double_hash("group_name_5")
+    assert "hccl group_name_5 (dp_cp)" in text and f"hccl {dp}" not in text
+    assert "@group_name_19" in text.replace("\n", "").replace("│", "").replace(" ", "")
+    summary = json.loads(run_cli("analyze", bundle, "--json", "--cache-dir", tmp_path).stdout)
+    assert {c["group"] for r in summary["ranks"] for c in r["comm_ops"]} >= {dp}

@@ -34,6 +34,7 @@ COMPUTE_STRAGGLER = "compute_straggler"
 HOST_LAUNCH = "host_launch"
 PIPELINE_FILL = "pipeline_fill"
 PEER_COMPUTE = "peer_compute"
+OWN_COMPUTE = "own_compute"
 UNKNOWN = "unknown"
 
 REGISTRY: tuple[Cause, ...] = (
@@ -57,6 +58,9 @@ REGISTRY: tuple[Cause, ...] = (
           "(expected, shrinks with more microbatches)"),
     Cause(PEER_COMPUTE, "", "#c7c7a0", "waiting for a peer's compute within the ranks' normal "
           "variation, in a job without a pipeline (no straggler, no pipeline dependency)"),
+    Cause(OWN_COMPUTE, "", "#98df8a", "the rank's own compute, in a job without a pipeline: on "
+          "its critical path, its work; in a bubble, work on another of its streams or threads "
+          "that the lane waited for (no peer involved)"),
     Cause(UNKNOWN, "", "#7f7f7f", "time the causal walk could not explain (no matching record, "
           "or the chain was too deep)"),
 )

@@ -105,6 +105,7 @@ RANKS = pa.schema(
         ("clock_offset_ns", pa.int64()),  # estimated offset to subtract to align ranks
         ("events", pa.int64()),
         ("device_memory", pa.int64()),  # the device's memory capacity in bytes, NO_INT unknown
+        ("incomplete", pa.string()),  # why its parser knows the profile misses events, "" if not
     ]
 )
 

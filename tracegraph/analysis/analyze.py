@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 import pandas as pd
 
+from tracegraph import schema
 from tracegraph.analysis.blame import Blamer, Bubble
 from tracegraph.analysis.bubbles import find_bubbles
 from tracegraph.analysis.critical_path import PathSegment, critical_path, step_windows_of_slowest
+from tracegraph.analysis.peers import Peers, find_peers
 from tracegraph.analysis.stragglers import profiled_ns, slow_ops, slow_ranks
 from tracegraph.analysis.walk import BindingWalk
 from tracegraph.graph.clock import estimate_offsets
@@ -21,6 +24,7 @@ from tracegraph.loading.steps import step_markers
 from tracegraph.loading.trace import Trace
 from tracegraph.progress import Progress
 
+DEVICE_WORK = (schema.COMPUTE, schema.MEMCPY, schema.COLLECTIVE, schema.P2P)
 PROGRESS_EVENTS = 1_000_000  # analyses of more events than this show a progress bar
 NS_PER_MS = 1e6
 
@@ -40,6 +44,8 @@ class Analysis:
     bubbles: list[Bubble]
     critical_paths: dict[int, list[PathSegment]]  # step -> path
     slow_ranks: set[int]
+    peers: Peers  # who each rank's speed was judged against, and who was not judged
+    slow_op: np.ndarray  # per op: straggler compute
     warnings: list[str] = field(default_factory=list)
 
     @property
@@ -84,21 +90,24 @@ def analyze(trace: Trace, *, threshold_ms: float = 1.0, executor: Executor | Non
         offsets = estimate_offsets(ops, matches)
         shift = ops.frame["rank"].map(offsets).fillna(0).astype("int64").to_numpy()
         graph = build_graph(ops, matches, ops.start - shift, ops.end - shift, trace.groups)
+        graph.incomplete = trace.incomplete_ranks()
         steps = with_launched_work(step_windows(trace.events, offsets), graph)
         bar.advance()
         walk = BindingWalk(graph)
         profiled = profiled_ns(steps, graph.start, graph.end)
-        slow = slow_ranks(walk, profiled)
-        blamer = Blamer(walk, trace.groups, slow_ops(ops, slow, profiled))
+        peers = find_peers(ops, trace.groups, graph.incomplete)
+        slow = slow_ranks(walk, profiled, peers)
+        slow_op = slow_ops(ops, slow, profiled, peers)
+        blamer = Blamer(walk, trace.groups, slow_op)
         bar.advance()
         bubbles = find_bubbles(blamer, steps, int(threshold_ms * 1e6))
         bar.advance()
-        paths = {step: critical_path(walk, rank, window, blamer.category)
+        paths = {step: critical_path(walk, rank, window, partial(blamer.category, rank=rank))
                  for step, rank, window in _path_windows(steps, graph)}
         bar.advance()
     return Analysis(trace=trace, ops=ops, matches=matches, graph=graph, offsets=offsets,
                     start=graph.start, end=graph.end, steps=steps, bubbles=bubbles,
-                    critical_paths=paths, slow_ranks=slow,
+                    critical_paths=paths, slow_ranks=slow, peers=peers, slow_op=slow_op,
                     warnings=graph.warnings + graph.cycle_warnings())
 
 
@@ -116,7 +125,10 @@ def with_launched_work(steps: pd.DataFrame, graph: DepGraph) -> pd.DataFrame:
     """Steps as the device ran them: a host step marker closes when its last kernel is
     enqueued, not when it ran. A step ends when the device work its host launched ends (or the
     marker, if later) and starts when the marker does, unless the device was still running the
-    step before: then where that work ended. The steps of a rank so tile its device timeline."""
+    step before: then where that work ended. Before a rank's first step, that is the work on
+    its main lane the profile holds no launch of (enqueued before profiling began: the device
+    lags the host) that ran before the lane's first op the profile saw launched. The steps of
+    a rank so tile its device timeline."""
     launched = np.flatnonzero(graph.launch >= 0)
     if not len(steps) or not len(launched):
         return steps
@@ -124,12 +136,29 @@ def with_launched_work(steps: pd.DataFrame, graph: DepGraph) -> pd.DataFrame:
     start, end = steps["start"].to_numpy().copy(), steps["end"].to_numpy().copy()
     for rank, rows in steps.groupby("rank").indices.items():
         ops = launched[graph.rank[launched] == rank]
+        if not len(ops):
+            continue
         window = np.searchsorted(start[rows], graph.launch[ops], "right") - 1
         inside = (window >= 0) & (graph.launch[ops] < end[rows[np.maximum(window, 0)]])
         np.maximum.at(end, rows[window[inside]], graph.end[ops[inside]])
+        start[rows[0]] = max(start[rows[0]], _unseen_work_end(graph, rank))
         previous = np.maximum.accumulate(end[rows])  # where the device was when each began
         start[rows[1:]] = np.maximum(start[rows[1:]], previous[:-1])
     return steps.assign(start=start, end=end).sort_values(["step", "rank"], ignore_index=True)
+
+
+def _unseen_work_end(graph: DepGraph, rank: int) -> int:
+    """When the work on `rank`'s main lane that the profile holds no launch of, and that ran
+    before the lane's first launched op, ended (capped at that op's start; -1 if none)."""
+    lane = graph.ops.main_lanes().get(rank, -1)
+    mine = slice(graph.lane_first[lane], graph.lane_first[lane + 1]) if lane >= 0 else slice(0)
+    known = np.flatnonzero(graph.launch[mine] >= 0)
+    if not len(known):
+        return -1
+    first = known[0]  # a lane's ops are in time order
+    unseen = np.isin(graph.kind[mine][:first], DEVICE_WORK) & (graph.launch[mine][:first] < 0)
+    ends = graph.end[mine][:first][unseen]
+    return min(int(ends.max()), int(graph.start[mine][first])) if len(ends) else -1
 
 
 def _path_windows(steps: pd.DataFrame, graph: DepGraph

@@ -18,6 +18,7 @@ from tracegraph import causes, schema
 from tracegraph.analysis import walk
 from tracegraph.analysis.walk import BindingWalk, Piece
 from tracegraph.graph.ops import comm_calls
+from tracegraph.loading.groups import group_labels
 
 UNMATCHED = "its peers' matching op was not found: the member that arrived last is unknown"
 _UNPEERED = "unpeered"  # a point-to-point op naming no peer: no comm type of its own
@@ -120,27 +121,29 @@ class Blamer:
         self.idle_compute = causes.PIPELINE_FILL if _pipelined(graph.ops.frame, groups) \
             else causes.PEER_COMPUTE
         """what waiting on compute that no straggler did is: a pipeline's dependency, or, in a
-        job without one, a peer's normal variation"""
+        job without one, a peer's normal variation (the rank's own compute, when it is its)"""
         self.comm_call = comm_calls(graph.ops.frame)
+        self.labels = group_labels(groups) if len(groups) else {}
 
     def blocked(self, i: int, a: int, b: int) -> list[Interval]:
         """Explain [a, b] inside blocking op `i` (a wait, a P2P half, a collective member)."""
-        return self.intervals(self.walk.blocked(i, a, b))
+        return self.intervals(self.walk.blocked(i, a, b), int(self.graph.rank[i]))
 
     def gap(self, n: int, a: int, b: int) -> list[Interval]:
         """Explain [a, b], idle time on op `n`'s lane just before `n`."""
-        return self.intervals(self.walk.gap(n, a, b))
+        return self.intervals(self.walk.gap(n, a, b), int(self.graph.rank[n]))
 
     def blocked_thread(self, k: int, a: int, b: int) -> list[Interval]:
         """Explain [a, b], a host thread inside annotation `k` but in no op."""
-        return self.intervals(self.walk.idle_thread(k, a, b))
+        return self.intervals(self.walk.idle_thread(k, a, b), int(self.graph.rank[k]))
 
-    def intervals(self, pieces: list[Piece]) -> list[Interval]:
-        """Pieces as charged intervals: slivers folded, neighbours of one cause joined."""
-        return _merge([self._interval(p) for p in walk.fold_slivers(pieces)])
+    def intervals(self, pieces: list[Piece], rank: int | None = None) -> list[Interval]:
+        """Pieces as charged intervals of a stretch of `rank`: slivers folded, neighbours of
+        one cause joined."""
+        return _merge([self._interval(p, rank) for p in walk.fold_slivers(pieces)])
 
-    def category(self, piece: Piece) -> str:
-        """The root cause a piece of a walk is charged to."""
+    def category(self, piece: Piece, rank: int | None = None) -> str:
+        """The root cause a piece of a walk explaining a stretch of `rank` is charged to."""
         op = piece.op
         if piece.why in _HOST_NOTES:
             return causes.HOST_LAUNCH
@@ -148,9 +151,13 @@ class Blamer:
             return causes.UNKNOWN
         if self.graph.kind[op] in (schema.COLLECTIVE, schema.P2P) or self.comm_call[op]:
             return str(self.comm_category[op])
-        return causes.COMPUTE_STRAGGLER if self.slow_op[op] else self.idle_compute
+        if self.slow_op[op]:
+            return causes.COMPUTE_STRAGGLER
+        if self.idle_compute == causes.PEER_COMPUTE and self.graph.rank[op] == rank:
+            return causes.OWN_COMPUTE  # no peer's: the rank's own
+        return self.idle_compute
 
-    def _interval(self, piece: Piece) -> Interval:
+    def _interval(self, piece: Piece, rank: int | None = None) -> Interval:
         graph, op = self.graph, piece.op
         note, group = _HOST_NOTES.get(piece.why, piece.why), ""
         if piece.why == walk.NOT_RECORDED:
@@ -159,11 +166,12 @@ class Blamer:
             note = ""
         elif piece.why == walk.WAITING and graph.unprofiled[op]:
             group = str(graph.group[op])
-            note = (f"waits on the {graph.unprofiled[op]} members of group {group} absent from "
-                    "the bundle: a late one, or the transfer itself")
+            note = (f"waits on the {graph.unprofiled[op]} members of group "
+                    f"{self.labels.get(group, group)} absent from the bundle: a late one, or the "
+                    "transfer itself")
         elif piece.why == walk.WAITING:
             note = UNMATCHED
-        return Interval(piece.start, piece.end, self.category(piece), int(graph.rank[op]),
+        return Interval(piece.start, piece.end, self.category(piece, rank), int(graph.rank[op]),
                         str(graph.lane[op]), str(graph.name[op]), note, group, op)
 
 

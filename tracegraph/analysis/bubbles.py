@@ -11,6 +11,8 @@ from tracegraph.graph.depgraph import DepGraph
 
 SAMPLED_CONFIDENCE = 0.5  # a trace whose collectives refused order matching may miss events
 SAMPLED = "collectives could not be matched by order (sub-sampled or truncated trace?)"
+INCOMPLETE_CONFIDENCE = 0.2  # a chain through a rank whose parser knows it misses events:
+# below every link's, so that is the weakest link said
 
 
 def find_bubbles(blamer: Blamer, steps: pd.DataFrame, threshold_ns: int) -> list[Bubble]:
@@ -74,6 +76,10 @@ def _bubble(blamer: Blamer, i: int, a: int, b: int, step: int, name: str, interv
     confidence, evidence = blamer.walk.weakest
     if graph.sampled and confidence > SAMPLED_CONFIDENCE:
         confidence, evidence = SAMPLED_CONFIDENCE, SAMPLED
+    missing = sorted(({int(graph.rank[i])} | {p.rank for p in intervals}) & set(graph.incomplete))
+    if missing and confidence > INCOMPLETE_CONFIDENCE:
+        confidence = INCOMPLETE_CONFIDENCE
+        evidence = f"rank {missing[0]}'s profile misses events ({graph.incomplete[missing[0]]})"
     return Bubble(rank=int(graph.rank[i]), lane=str(graph.lane[i]), start=int(a), end=int(b),
                   name=name, step=step, intervals=intervals, op=int(i),
                   confidence=confidence, evidence=evidence)

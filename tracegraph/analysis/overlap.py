@@ -8,6 +8,7 @@ part (communication time during which the main lane did not compute).
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -24,6 +25,10 @@ NS_PER_MS = 1e6
 DIMS = causes.DIMS  # dp, pp, ep, tp, cp
 REDUCTIONS = frozenset({"allreduce", "reducescatter", "reduce"})
 SETTLE_NS = 50_000  # reductions closer than this on one lane are one stage reduction
+ELSEWHERE = frozenset({causes.COMPUTE_STRAGGLER, causes.PIPELINE_FILL, causes.PEER_COMPUTE,
+                       causes.OWN_COMPUTE, causes.HOST_LAUNCH})
+"""What blame may charge a wait in a collective or P2P to that is not the communication: a late
+peer's or the rank's own compute, the pipeline's fill, the host. Overlap cannot hide that."""
 
 
 def comm_categories(analysis: Analysis) -> np.ndarray:
@@ -52,26 +57,57 @@ def main_compute(analysis: Analysis) -> np.ndarray:
     return (frame["lane_id"].to_numpy() == main) & working.to_numpy()
 
 
+def timed_ranks(analysis: Analysis) -> set[int]:
+    """The ranks whose compute the profile times (a main lane, and no known missing events):
+    only for them is it known how much communication compute hid. A rank known from its
+    communication summaries alone hid nothing as far as the profile tells, not everything."""
+    return set(analysis.ops.main_lanes()) - set(analysis.graph.incomplete)
+
+
 def overlap_table(analysis: Analysis) -> pd.DataFrame:
-    """rank, step, dim, comm_ms, overlap_ms: per step, the time the rank's communication of each
-    group kind was in flight, and how much of it its main lane spent computing."""
+    """rank, step, dim, comm_ms, overlap_ms, waiting_ms, unexplained_ms: per step, the time the
+    communication of each group kind of every timed rank was in flight, how much of it its main
+    lane spent computing, and how much of the rest it waited for something else (ELSEWHERE) or
+    for what blame could not tell (UNKNOWN: the profile holds no wait to follow)."""
     start, end = analysis.start, analysis.end
     dims, computing = comm_dims(analysis), main_compute(analysis)
     ranks = analysis.ops.frame["rank"].to_numpy()
     order = np.argsort(ranks, kind="stable")
     by_rank = ranks[order]
+    waiting = blamed_spans(analysis, ELSEWHERE)
+    unexplained = blamed_spans(analysis, {causes.UNKNOWN})
+    none = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
     rows = []
-    for rank, windows in analysis.step_table().groupby("rank"):
+    steps = analysis.step_table()
+    for rank, windows in steps[steps["rank"].isin(timed_ranks(analysis))].groupby("rank"):
         mine = order[np.searchsorted(by_rank, rank, "left"):np.searchsorted(by_rank, rank, "right")]
         s, e, d, c = start[mine], end[mine], dims[mine], computing[mine]
+        late_spans, unknown_spans = waiting.get(int(rank), none), unexplained.get(int(rank), none)
         for step, lo, hi in windows[["step", "start", "end"]].itertuples(index=False):
             work = intervals.union(s[c], e[c], lo, hi)
+            late = intervals.union(*late_spans, lo, hi)
+            unknown = intervals.union(*unknown_spans, lo, hi)
             for dim in np.unique(d[d != ""]):
                 comm = intervals.union(s[d == dim], e[d == dim], lo, hi)
                 if len(comm[0]):
                     rows.append((int(rank), int(step), str(dim), intervals.length(comm) / NS_PER_MS,
-                                 intervals.overlap(comm, work) / NS_PER_MS))
-    return pd.DataFrame(rows, columns=["rank", "step", "dim", "comm_ms", "overlap_ms"])
+                                 intervals.overlap(comm, work) / NS_PER_MS,
+                                 intervals.overlap(comm, late) / NS_PER_MS,
+                                 intervals.overlap(comm, unknown) / NS_PER_MS))
+    return pd.DataFrame(rows, columns=["rank", "step", "dim", "comm_ms", "overlap_ms",
+                                       "waiting_ms", "unexplained_ms"])
+
+
+def blamed_spans(analysis: Analysis, categories: Collection[str]
+                 ) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """rank -> (starts, ends) of its bubbles' time that blame charges to `categories`."""
+    pieces: dict[int, list[tuple[int, int]]] = {}
+    for bubble in analysis.bubbles:
+        pieces.setdefault(bubble.rank, []).extend(
+            (p.start, p.end) for p in bubble.intervals if p.category in categories)
+    return {rank: (np.array([a for a, _ in spans], dtype=np.int64),
+                   np.array([b for _, b in spans], dtype=np.int64))
+            for rank, spans in pieces.items() if spans}
 
 
 def overlap_ratios(analysis: Analysis, by_rank: bool = False,
@@ -109,12 +145,13 @@ def stage_reductions(analysis: Analysis) -> list[tuple[int, int, int, np.ndarray
 
 
 def reduction_overlap(analysis: Analysis) -> pd.DataFrame:
-    """rank, start, end, ms, overlap_ms, ratio of every stage reduction: how much of it the
-    rank's main lane spent computing (the later chunks' compute it overlapped)."""
+    """rank, start, end, ms, overlap_ms, ratio of every stage reduction of a timed rank: how
+    much of it the rank's main lane spent computing (the later chunks' compute it overlapped)."""
     start, end, computing = analysis.start, analysis.end, main_compute(analysis)
     ranks = analysis.ops.frame["rank"].to_numpy()
+    timed = timed_ranks(analysis)
     rows = []
-    for rank, lo, hi, _ in stage_reductions(analysis):
+    for rank, lo, hi, _ in (r for r in stage_reductions(analysis) if r[0] in timed):
         mine = computing & (ranks == rank)
         work = intervals.union(start[mine], end[mine], lo, hi)
         rows.append((rank, lo, hi, (hi - lo) / NS_PER_MS, intervals.length(work) / NS_PER_MS))

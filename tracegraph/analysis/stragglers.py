@@ -1,4 +1,4 @@
-"""Stragglers: ranks, and ops, whose compute is slower than their peers'."""
+"""Stragglers: ranks, and ops, whose compute is slower than their peers' (peers.py)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import numpy as np
 import pandas as pd
 
 from tracegraph import schema
+from tracegraph.analysis.peers import Peers
 from tracegraph.analysis.walk import BindingWalk
 from tracegraph.graph.ops import Ops, comm_calls
 
@@ -14,16 +15,18 @@ SLOW_RANK_SHARE = 0.05  # ... and by at least this share of the profiled time
 OUTLIER_MADS = 3.0  # ... and stands this many robust deviations above the ranks' median
 HOST_SPREAD = 0.10  # the least spread of host-thread work: a share of the ranks' median
 SLOW_OP_SHARE = 0.01  # an op name is slow on a rank when its excess is this share at least
+SPREAD_MIN = 4  # values a group needs to tell its own spread
 
 
-def slow_ranks(walk: BindingWalk, profiled_ns: int) -> set[int]:
-    """Ranks whose main-lane work exceeds the other ranks' median by SLOW_RANK_FACTOR and by
-    SLOW_RANK_SHARE of the profiled time, and stands out of the ranks' spread.
+def slow_ranks(walk: BindingWalk, profiled_ns: int, peers: Peers) -> set[int]:
+    """Ranks whose main-lane work exceeds the median of their peers' (the ranks doing the same
+    work, peers.py) by SLOW_RANK_FACTOR and by SLOW_RANK_SHARE of the profiled time, and stands
+    out of their spread. A rank without peers is never named.
 
     Work is compute on a device stream; on a host thread, ops plus annotation-only stretches
     that no other thread's op released (sleeping or Python work, not waiting)."""
     graph = walk.graph
-    main = graph.ops.main_lanes()
+    main = {r: lane for r, lane in graph.ops.main_lanes().items() if r in peers.classes}
     kind = graph.kind
     working = np.isin(graph.lane_id, list(main.values())) & own_work(graph.ops.frame)
     for i in np.flatnonzero(working & (kind == schema.MARKER)):
@@ -31,10 +34,14 @@ def slow_ranks(walk: BindingWalk, profiled_ns: int) -> set[int]:
     work = pd.Series(graph.end - graph.start)[working].groupby(
         graph.rank[working]).sum().reindex(list(main), fill_value=0)
     ns = work.to_numpy()
-    others = median_of_others(ns, np.zeros(len(ns), dtype=np.int64)) if len(ns) > 1 else ns
+    cls = np.array([peers.classes[r] for r in work.index], dtype=np.int64)
+    others = median_of_others(ns, cls)
     slow = (ns > SLOW_RANK_FACTOR * others) & (ns - others > SLOW_RANK_SHARE * profiled_ns)
     floor = HOST_SPREAD if on_host(graph.ops) else 0.0
-    return {int(r) for r in work.index[slow & _outliers(ns, floor)]}
+    standout = _outliers_by_group(ns, cls, floor)
+    small = small_groups(cls)
+    standout[small] = _outliers_among_groups(ns, cls, floor)[small]
+    return {int(r) for r in work.index[slow & standout]}
 
 
 def on_host(ops: Ops) -> bool:
@@ -44,16 +51,6 @@ def on_host(ops: Ops) -> bool:
     return bool(len(main)) and bool((main["mode"] == schema.THREAD).all())
 
 
-def _outliers(values: np.ndarray, floor: float = 0.0) -> np.ndarray:
-    """Mask of values beyond the ranks' own spread: more than OUTLIER_MADS robust standard
-    deviations (1.4826 × the median absolute deviation, at least `floor` × the median) above
-    the median. Busy hosts make healthy ranks' work vary by half; a straggler stands out of
-    that. Work measured on host threads (a CPU-only job) also counts the time other processes
-    of the host held the core, so a few ranks that happen to agree do not make the spread
-    smaller than that floor. Under four ranks the spread says nothing: every value passes."""
-    return _outliers_by_group(values, np.zeros(len(values), dtype=np.int64), floor)
-
-
 def own_work(frame: pd.DataFrame) -> np.ndarray:
     """Mask of the ops that are a rank's own work: compute, annotation stretches, host ops
     other than communication calls (a blocking `c10d::recv_` is waiting, not work)."""
@@ -61,18 +58,20 @@ def own_work(frame: pd.DataFrame) -> np.ndarray:
         ) & ~comm_calls(frame)
 
 
-def slow_ops(ops: Ops, slow: set[int], profiled_ns: int) -> np.ndarray:
-    """Per op: is it straggler compute? An op whose name also runs on other ranks is slow when
-    its rank's median duration for that name exceeds SLOW_RANK_FACTOR × the other ranks'
-    median and stands out of the ranks' medians for that name (as slow_ranks' totals do), on a
-    slow rank or with an excess over the rank's ops of that name of SLOW_OP_SHARE of the
-    profiled time at least (every kernel of a slow GPU; an expert MLP on an overloaded EP rank;
-    not the jitter of a tiny op on a busy host); an op only its own rank runs is slow when the
-    whole rank is."""
+def slow_ops(ops: Ops, slow: set[int], profiled_ns: int, peers: Peers) -> np.ndarray:
+    """Per op: is it straggler compute? An op whose name its peers (the ranks doing the same
+    work) also run is slow when its rank's median duration for that name exceeds
+    SLOW_RANK_FACTOR × the peers' median and stands out of the peers' medians for that name (as
+    slow_ranks' totals do), on a slow rank or with an excess over the rank's ops of that name of
+    SLOW_OP_SHARE of the profiled time at least (every kernel of a slow GPU; an expert MLP on an
+    overloaded EP rank; not the jitter of a tiny op on a busy host). With fewer than SPREAD_MIN
+    peers an op's noise cannot be told: only a slow rank's ops are slow. An op only its own rank
+    runs is slow when the whole rank is; ops of ranks without peers never are."""
     frame = ops.frame
     names, ranks = frame["name"].to_numpy(), frame["rank"].to_numpy().astype(np.int64)
-    codes, uniques = pd.factorize(names, use_na_sentinel=False)
-    compute = own_work(frame) & ~pd.isna(names)  # groupby leaves out unnamed ops
+    cls = pd.Series(ranks).map(peers.classes).fillna(-1).to_numpy(dtype=np.int64)
+    codes, uniques = pd.factorize(pd.MultiIndex.from_arrays([names, cls]), use_na_sentinel=False)
+    compute = own_work(frame) & ~pd.isna(names) & (cls >= 0)  # groupby leaves out unnamed ops
     dur = (frame["end"] - frame["start"]).to_numpy()[compute]
     grouped = pd.Series(dur).groupby([codes[compute], ranks[compute]])
     medians, counts = grouped.median(), grouped.size().to_numpy()
@@ -84,6 +83,8 @@ def slow_ops(ops: Ops, slow: set[int], profiled_ns: int) -> np.ndarray:
         rank, list(slow))
     standout = _outliers_by_group(medians.to_numpy(), name_code,
                                   HOST_SPREAD if on_host(ops) else 0.0)
+    small = small_groups(name_code)  # two or three peers cannot tell an op's noise: only a
+    standout[small] = np.isin(rank[small], list(slow))  # slow rank's ops are slow there
     flagged = shared[name_code] & (medians.to_numpy() > SLOW_RANK_FACTOR * others) & weighty \
         & standout
     span = int(ranks.max()) + 1 if len(ranks) else 1
@@ -92,13 +93,51 @@ def slow_ops(ops: Ops, slow: set[int], profiled_ns: int) -> np.ndarray:
 
 
 def _outliers_by_group(values: np.ndarray, groups: np.ndarray, floor: float) -> np.ndarray:
-    """_outliers within each group of values (one per rank), in one pass over all groups."""
+    """Mask of values beyond their group's spread (one value per rank; all groups in one pass):
+    more than OUTLIER_MADS robust standard deviations (1.4826 × the median absolute deviation,
+    at least `floor` × the median) above the group's median. Busy hosts make healthy ranks'
+    work vary by half; a straggler stands out of that. Work measured on host threads (a
+    CPU-only job) also counts the time other processes of the host held the core, so a few
+    ranks that happen to agree do not make the spread smaller than that floor. Meaningful for
+    groups of SPREAD_MIN values at least (`small_groups` says which are not)."""
     frame = pd.DataFrame({"v": values, "g": groups})
     by = frame.groupby("g")["v"]
     median = by.transform("median").to_numpy()
     mad = (frame["v"] - median).abs().groupby(frame["g"]).transform("median").to_numpy()
     spread = np.maximum(1.4826 * mad, floor * median)
-    return (by.transform("size").to_numpy() < 4) | (values - median > OUTLIER_MADS * spread)
+    return values - median > OUTLIER_MADS * spread
+
+
+def small_groups(groups: np.ndarray) -> np.ndarray:
+    """Mask of the values whose group has fewer than SPREAD_MIN values: too few to tell its
+    own spread (two replicas of a pipeline stage)."""
+    _, inverse, counts = np.unique(groups, return_inverse=True, return_counts=True)
+    return counts[inverse] < SPREAD_MIN
+
+
+def _outliers_among_groups(values: np.ndarray, groups: np.ndarray, floor: float) -> np.ndarray:
+    """For groups too small to tell their own spread: mask of values whose excess over the
+    median of the others of their group, relative to it, stands out of the relative excesses
+    of the other groups' values (each group's own left out: it holds the candidate and the
+    mirror image of its excess), or of the floor alone when there are none."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        excess = values / median_of_others(values, groups) - 1
+    out = np.zeros(len(values), dtype=bool)
+    for group in np.unique(groups):
+        mine = groups == group
+        out[mine] = _stands_out(excess[mine], excess[~mine], floor)
+    return out
+
+
+def _stands_out(excess: np.ndarray, reference: np.ndarray, floor: float) -> np.ndarray:
+    """Mask of relative excesses more than OUTLIER_MADS robust deviations (at least `floor`)
+    above the reference's median (0 and `floor` when it has fewer than two finite values)."""
+    reference = reference[np.isfinite(reference)]
+    center, spread = 0.0, floor
+    if len(reference) >= 2:
+        center = float(np.median(reference))
+        spread = max(1.4826 * float(np.median(np.abs(reference - center))), floor)
+    return excess - center > OUTLIER_MADS * spread
 
 
 def median_of_others(values: np.ndarray, groups: np.ndarray) -> np.ndarray:

@@ -29,6 +29,8 @@ def summarize(analysis: Analysis, *, step: int | None = None, top: int = 10,
         "critical_path": {str(s): _path(p, origin) for s, p in analysis.critical_paths.items()
                           if step is None or s == step},
         "slow_ranks": sorted(analysis.slow_ranks),
+        "stragglers": {"peers": analysis.peers.groups(),
+                       "not_judged": {str(r): why for r, why in analysis.peers.unjudged.items()}},
         "gain_ceilings": gain_ceilings(analysis),
         "warnings": analysis.warnings,
         **({"findings": [f.as_dict() for f in findings]} if findings is not None else {}),

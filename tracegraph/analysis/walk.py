@@ -20,6 +20,8 @@ import numpy as np
 
 from tracegraph import schema
 from tracegraph.graph.depgraph import (
+    HOST_WAIT,
+    HOST_WAIT_CONFIDENCE,
     INFERRED_CONFIDENCE,
     INFERRED_REASONS,
     LAUNCH_CONFIDENCE,
@@ -258,6 +260,11 @@ class BindingWalk:
                 cut = min(b, release)
                 self._released(p, graph.dep[p], a, cut, depth + 1, out)
                 a = cut
+        h = graph.host_gate[n]
+        if h >= 0 and a < self.end[h] <= b and depth < MAX_DEPTH:  # a wait the host issued
+            self._link(HOST_WAIT_CONFIDENCE, HOST_WAIT)
+            self._released_thread(h, a, int(self.end[h]), depth, out)
+            a = int(self.end[h])
         launcher = graph.launcher[n]
         if b > a and launcher >= 0 and self.start[launcher] < b:
             lo = max(a, self.start[launcher])

@@ -52,6 +52,7 @@ def analyze_command(
         pipeline = recover(analysis)
         summary |= summarize(analysis, step=step, top=top, findings=find_all(analysis, pipeline),
                              pipeline=pipeline)
+        with_device_steps(summary["ranks"], analysis)
         summary["warnings"] = trace.warnings + analysis.warnings
     if as_json:
         print(json.dumps(summary, indent=2))
@@ -67,6 +68,17 @@ def analyze_command(
         print_ceilings(out, summary["gain_ceilings"])
 
 
+def with_device_steps(ranks: list[dict[str, object]], analysis: Analysis) -> None:
+    """Each rank's `steps` as the analysis times them (the device work each host step
+    launched: what the step tables show), its host markers' kept as `host_steps`."""
+    table = analysis.step_table()
+    for rank in ranks:
+        mine = table[table["rank"] == rank["rank"]]
+        rank["host_steps"] = rank["steps"]
+        rank["steps"] = {str(int(s)): round(float(ms), 3) for s, ms in zip(
+            mine["step"], mine["ms"], strict=True) if s >= 0}
+
+
 def _check_step(bundle: Path, analysis: Analysis, step: int | None) -> None:
     """`--step N` names a step the bundle holds."""
     steps = sorted({int(s) for s in analysis.steps["step"]})
@@ -76,14 +88,22 @@ def _check_step(bundle: Path, analysis: Analysis, step: int | None) -> None:
 
 
 def _print_inventory(summary: dict[str, object]) -> None:
+    import pandas as pd
     from rich.table import Table
 
+    from tracegraph.loading.groups import group_labels
+
+    labels = group_labels(pd.DataFrame(summary["groups"])) if summary["groups"] else {}
+
     ranks = Table(title=f"{len(summary['ranks'])} ranks in {summary['source']}")
-    for column in ("rank", "framework", "events", "lanes", "comm ops", "host steps (ms)"):
+    steps = "host steps (ms)" if "host_steps" not in (summary["ranks"] or [{}])[0] else \
+        "steps (ms)"
+    for column in ("rank", "framework", "events", "lanes", "comm ops", steps):
         ranks.add_column(column, overflow="fold")
     for r in summary["ranks"]:
         lanes = ", ".join(f"{n} {k}" for k, n in r["lanes"].items())
-        comm = "\n".join(f"{c['comm']}×{c['count']} @{c['group'] or '?'}" for c in r["comm_ops"])
+        comm = "\n".join(f"{c['comm'] or 'collective'}×{c['count']} "
+                         f"@{labels.get(c['group'], c['group']) or '?'}" for c in r["comm_ops"])
         steps = ", ".join(f"#{k}: {v:.1f}" for k, v in r["steps"].items())
         ranks.add_row(str(r["rank"]), r["framework"], f"{r['events']:,}", lanes, comm or "-",
                       steps or "-")
@@ -93,6 +113,7 @@ def _print_inventory(summary: dict[str, object]) -> None:
         groups.add_column(column, overflow="fold")
     for g in summary["groups"]:
         members = ", ".join(map(str, g["ranks"][:16])) + (" …" if len(g["ranks"]) > 16 else "")
-        groups.add_row(g["group"], g["name"] or g["desc"], g["dim"] or "-", str(g["size"]),
-                       members, g["source"])
+        label = labels.get(g["group"], g["group"])  # as the comm ops and chains name it
+        groups.add_row(g["group"], label if label != g["group"] else "-", g["dim"] or "-",
+                       str(g["size"]), members, g["source"])
     out.print(groups)

@@ -11,17 +11,20 @@ Node i is row i of `Ops.frame`, timed on the aligned clock. Edges live in one ta
 | event_wait | the producer of stream wait b: the recorded stream work, or another wait | wait b |
 | queue | what was enqueued on b's stream just before stream wait b | wait b |
 | gate | a stream wait enqueued right before b on its stream | b |
+| host_wait | on another stream, launched before a host stream-wait call, the op ending last | b |
 | p2p | the half of a transfer posted last (aligned clock) | the half that waited for it |
 | collective | the member of an instance that arrived last (aligned clock) | every other member |
 | host_release | a comm op on another thread of b's rank, ended as b's thread resumed | host op b |
 | host_sync | the device op whose end freed b's host, blocked on the device | device op b |
 | shared_queue | the op on another stream of b's rank ahead of b in one hardware queue | op b |
 
-A transfer is one edge and a collective instance a star from its last arriver, so matching never
-makes a cycle. The last three kinds are inferred by time when a walk needs them (they depend on the
-stretch being explained, and searching every gap of a million-op trace up front costs more than the
-whole analysis): each one found is recorded, so blame, the critical path and the export read the
-same edges. `cycles()` checks the whole graph in linear time.
+A host stream-wait call (`cudaStreamWaitEvent`, `hipStreamWaitEvent`) whose device side the
+profile lacks gates the next op the host launched (host_wait). A transfer is one edge and a
+collective instance a star from its last arriver, so matching never makes a cycle. The last
+three kinds are inferred by time when a walk needs them (they depend on the stretch being
+explained, and searching every gap of a million-op trace up front costs more than the whole
+analysis): each one found is recorded, so blame, the critical path and the export read the same
+edges. `cycles()` checks the whole graph in linear time.
 """
 
 from __future__ import annotations
@@ -35,11 +38,11 @@ from tracegraph import schema
 from tracegraph.graph.match import Matches
 from tracegraph.graph.ops import Ops
 
-EDGE_KINDS = ("stream", "launch", "event_wait", "queue", "gate", "p2p", "collective",
-              "host_release", "host_sync", "shared_queue")
+EDGE_KINDS = ("stream", "launch", "event_wait", "queue", "gate", "host_wait", "p2p",
+              "collective", "host_release", "host_sync", "shared_queue")
 RELEASED_AT = {"stream": "end", "launch": "start", "event_wait": "end", "queue": "end",
-               "gate": "end", "p2p": "start", "collective": "start", "host_release": "end",
-               "host_sync": "end", "shared_queue": "end"}
+               "gate": "end", "host_wait": "end", "p2p": "start", "collective": "start",
+               "host_release": "end", "host_sync": "end", "shared_queue": "end"}
 """Which point of the source op the destination waited for, per edge kind."""
 RELEASE_WINDOW_NS = 5_000_000  # a host thread resumes this soon after the op it waited on ends
 RELEASE_SHARE = 0.03  # ... or within this share of a long stretch (a busy CPU wakes it late)
@@ -63,6 +66,7 @@ class DepGraph:
     launcher: np.ndarray  # launch edge source per op, -1
     queued: np.ndarray  # queue edge source per stream wait, -1
     gates: dict[int, list[int]]  # op -> the stream waits gating it
+    host_gate: np.ndarray  # per op: what a host stream-wait call made its stream wait for, -1
     launch: np.ndarray  # when the host enqueued each device op (aligned ns), -1 if unknown
     unprofiled: np.ndarray  # per collective op: members of its group absent from the bundle
     unmatched: np.ndarray  # per comm op: a profiled peer's matching op was not found
@@ -88,6 +92,7 @@ class DepGraph:
         self.dep_confidence = np.ones(len(frame), dtype=np.float32)  # of each op's dep edge
         self.dep_reason = np.full(len(frame), "", dtype=object)
         self.sampled = False  # collectives refused order matching: events may be missing
+        self.incomplete: dict[int, str] = {}  # rank -> why its parser knows it misses events
         self._comm_ends = _ends_by_rank(frame, self.end, _COMM)
         self._device_ends = _ends_by_rank(frame, self.end, _DEVICE_WORK)
         starts = pd.Series(self.start).groupby(self.rank).min() if len(frame) else pd.Series()
@@ -207,6 +212,10 @@ class DepGraph:
 
 
 LAUNCH_CONFIDENCE = 0.9  # a gloo worker op's launcher: the last host call of its comm type
+HOST_WAIT_CONFIDENCE = 0.85  # a host stream-wait call's producer: by host call order
+HOST_WAIT = ("a stream wait the host issued (its event's record is not in the profile): the "
+             "op of another stream, launched before the call, that ended last before it ran")
+HOST_WAIT_SCAN = 64  # device ops ending before a host-gated op searched for its producer
 INFERRED_CONFIDENCE = {"host_release": 0.6, "host_sync": 0.6, "shared_queue": 0.7}
 INFERRED_REASONS = {"host_release": "ended as the thread resumed",
                     "host_sync": "ended just before the host launched it",
@@ -234,7 +243,8 @@ def build_graph(ops: Ops, matches: Matches, start: np.ndarray, end: np.ndarray,
     launch = frame["launch"].to_numpy() if "launch" in frame else np.full(n, -1)
     aligned_launch = np.where(launch >= 0, launch - (frame["start"].to_numpy() - start), -1)
     graph = DepGraph(ops=ops, start=start, end=end, dep=dep, how=how, launcher=launcher,
-                     queued=queued, gates=matches.gates, launch=aligned_launch,
+                     queued=queued, gates=matches.gates, host_gate=_host_gates(frame, start, end),
+                     launch=aligned_launch,
                      unprofiled=unprofiled, unmatched=unmatched, posted=posted,
                      warnings=list(matches.warnings))
     graph.sampled = bool(len(matches.instances)) and not matches.instances["safe"].all()
@@ -243,6 +253,32 @@ def build_graph(ops: Ops, matches: Matches, start: np.ndarray, end: np.ndarray,
     graph.dep_confidence[deps["dst"].to_numpy()] = deps["confidence"].to_numpy()
     graph.dep_reason[deps["dst"].to_numpy()] = deps["reason"].to_numpy()
     return graph
+
+
+def _host_gates(frame: pd.DataFrame, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Per device op launched right after a host stream-wait call (Ops' `host_wait`; the
+    profile holds no device-side wait for it): the device work on another stream of its rank,
+    launched before the call, that ended last before the op started: the event waited on was
+    recorded after it (the profile holds neither the record nor its stream). -1 for the
+    others, and where none ended within HOST_WAIT_SCAN such ends before the op."""
+    out = np.full(len(frame), -1, dtype=np.int64)
+    called = frame["host_wait"].to_numpy() if "host_wait" in frame else out
+    if not (called >= 0).any():
+        return out
+    work = np.flatnonzero(frame["kind"].isin(_DEVICE_WORK).to_numpy()
+                          & (frame["correlation"] >= 0).to_numpy())
+    ranks, corr = frame["rank"].to_numpy(), frame["correlation"].to_numpy()
+    lane = frame["lane_id"].to_numpy()
+    for rank in np.unique(ranks[called >= 0]):
+        mine = work[ranks[work] == rank]
+        mine = mine[np.argsort(end[mine], kind="stable")]
+        for op in np.flatnonzero((called >= 0) & (ranks == rank)).tolist():
+            last = int(np.searchsorted(end[mine], start[op], side="right"))
+            for k in mine[max(last - HOST_WAIT_SCAN, 0):last][::-1].tolist():
+                if lane[k] != lane[op] and corr[k] < called[op]:
+                    out[op] = k
+                    break
+    return out
 
 
 def host_side_waits(frame: pd.DataFrame) -> np.ndarray:
@@ -310,6 +346,7 @@ def _static_edges(graph: DepGraph) -> pd.DataFrame:
     stream = (graph.prev >= 0) & ~graph.host_side
     wait = np.isin(graph.how, ["event_id", "timing"])
     pair, coll = graph.how == "p2p", graph.how == "collective"
+    host = graph.host_gate >= 0
     parts = [
         (graph.prev[stream], idx[stream], "stream", 1.0, "lane order"),
         (graph.launcher[graph.launcher >= 0], idx[graph.launcher >= 0], "launch",
@@ -321,6 +358,7 @@ def _static_edges(graph: DepGraph) -> pd.DataFrame:
         (graph.queued[graph.queued >= 0], idx[graph.queued >= 0], "queue", 1.0,
          "enqueued before it on its stream"),
         (gate_src, gate_dst, "gate", 1.0, "stream wait enqueued right before it"),
+        (graph.host_gate[host], idx[host], "host_wait", HOST_WAIT_CONFIDENCE, HOST_WAIT),
         (graph.dep[pair], idx[pair], "p2p", np.where(has_seq[idx[pair]], 1.0, 0.9),
          np.where(has_seq[idx[pair]], "posted last (pair by group and instance)",
                   "posted last (pair by order)")),

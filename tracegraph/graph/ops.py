@@ -28,6 +28,8 @@ COLUMNS = ["event", "rank", "lane", "kind", "comm", "name", "group", "peer", "se
            "autograd_seq"]
 _SOURCE_COLUMNS = {*COLUMNS, "start_ns", "dur_ns", "lane_kind"}
 STRING_COLUMNS = ("lane", "kind", "comm", "name", "group", "annotation")
+STREAM_WAIT_CALLS = ("cudaStreamWaitEvent", "hipStreamWaitEvent")
+"""Host calls that make a stream wait for an event recorded on another stream."""
 
 
 @dataclass
@@ -70,7 +72,7 @@ def build_ops(events: pd.DataFrame) -> Ops:
     on_stream, comm = _mask(_on_stream(events)), _mask(_comm_rows(events))
     rank = events["rank"].to_numpy()
     streamed = np.isin(rank, np.unique(rank[on_stream]))  # ranks seen through device streams
-    calls = _host_calls(events)
+    calls, host_waits = _host_calls(events), _host_waits(events)
     used = (streamed & (on_stream | comm)) | ~streamed  # host-side rows of device ranks: no ops
     events, on_stream, comm, streamed = events[used], on_stream[used], comm[used], streamed[used]
     events = events.assign(**{c: shared_strings(events[c]) for c in STRING_COLUMNS})
@@ -83,7 +85,8 @@ def build_ops(events: pd.DataFrame) -> Ops:
     lanes = _lane_table(frame)
     frame = frame.assign(lane_id=_lane_ids(frame, lanes))
     frame = frame.sort_values(["lane_id", "start", "end"], kind="stable", ignore_index=True)
-    frame = frame.assign(launch=_launch_times(frame, calls), **{
+    frame = frame.assign(launch=_launch_times(frame, calls),
+                         host_wait=_after_host_waits(frame, host_waits), **{
         c: restore_strings(frame[c], dtypes[c]) for c in STRING_COLUMNS})
     return Ops(frame=frame, lanes=lanes)
 
@@ -174,6 +177,37 @@ def _host_calls(events: pd.DataFrame) -> pd.DataFrame:
     calls = _mask((events["lane_kind"] == schema.THREAD) & (events["kind"] == schema.HOST)
                   & (events["correlation"] >= 0))
     return events.loc[calls, ["rank", "correlation", "start_ns"]]
+
+
+def _host_waits(events: pd.DataFrame) -> pd.DataFrame:
+    """rank, correlation of the host's stream-wait calls (`cudaStreamWaitEvent`,
+    `hipStreamWaitEvent`): a stream told to wait for an event another stream records."""
+    calls = events[_mask((events["lane_kind"] == schema.THREAD) & (events["kind"] == schema.HOST)
+                         & (events["correlation"] >= 0))]
+    return calls.loc[_mask(calls["name"].isin(STREAM_WAIT_CALLS)), ["rank", "correlation"]]
+
+
+def _after_host_waits(frame: pd.DataFrame, waits: pd.DataFrame) -> np.ndarray:
+    """Per device op: the correlation of the host stream-wait call right before its launch
+    (it is the first device op the host launched after the call: the stream it went to was the
+    one told to wait), -1 for the others and where the profile holds the wait's device side.
+    Launch correlations grow in host call order."""
+    out = np.full(len(frame), -1, dtype=np.int64)
+    seen = frame.loc[frame["kind"] == schema.WAIT, ["rank", "correlation"]]  # device-side waits
+    waits = waits[~pd.MultiIndex.from_frame(waits).isin(pd.MultiIndex.from_frame(seen))]
+    if not len(waits):
+        return out
+    device = np.flatnonzero(startswith(frame["lane"], "stream ")
+                            & (frame["correlation"] >= 0).to_numpy())
+    ranks, corr = frame["rank"].to_numpy()[device], frame["correlation"].to_numpy()[device]
+    for rank, calls in waits.groupby("rank")["correlation"]:
+        mine = device[ranks == rank]
+        order = np.argsort(corr[ranks == rank], kind="stable")
+        mine, launched = mine[order], corr[ranks == rank][order]
+        pos = np.searchsorted(launched, calls.to_numpy(), side="right")
+        ok = pos < len(mine)
+        np.maximum.at(out, mine[pos[ok]], calls.to_numpy()[ok])
+    return out
 
 
 def _launch_times(frame: pd.DataFrame, calls: pd.DataFrame) -> np.ndarray:

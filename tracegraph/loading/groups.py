@@ -29,6 +29,18 @@ def parallel_dim(desc: str) -> str:
     return next((dim for dim, pattern in _DIMS if pattern.search(text)), "")
 
 
+def group_labels(groups: pd.DataFrame) -> dict[str, str]:
+    """Group id -> how reports name it: its name unless that is the id itself (a hashed HCCL
+    id, a Kineto pg number), then its description where the name does not hold it
+    ("hsdp-dp32-12288", "group_name_19 (pp)", "dp_stage0"), else the id."""
+    labels = {}
+    for group, name, desc in zip(groups["group"], groups["name"], groups["desc"], strict=True):
+        name = "" if name == group else str(name or "")
+        desc = "" if not desc or desc in name else str(desc)
+        labels[str(group)] = (f"{name} ({desc})" if name and desc else name or desc) or group
+    return labels
+
+
 def groups_frame(infos: list[GroupInfo], events: pa.Table, world_size: int = -1
                  ) -> tuple[pd.DataFrame, list[str]]:
     """The GROUPS table: the members the profiles state, merged over ranks; else, for the world
@@ -94,11 +106,12 @@ def absent_ranks(groups: pd.DataFrame, present: set[int], world_size: int = -1) 
         warnings.append(f"{len(absent)} rank(s) that {' and '.join(why)} name are absent from "
                         f"the bundle: {span_text(absent)}")
     unnamed = groups[groups["size"] > groups["ranks"].map(len)]
+    labels = group_labels(unnamed)
     for group, size, ranks in zip(unnamed["group"], unnamed["size"], unnamed["ranks"],
                                   strict=True):
-        warnings.append(f"group {group} has {size} members ({len(ranks)} in the bundle: "
-                        f"{span_text(ranks)}); the other {size - len(ranks)} are not in the "
-                        "bundle and their global ranks are not stated")
+        warnings.append(f"group {labels[str(group)]} has {size} members ({len(ranks)} in the "
+                        f"bundle: {span_text(ranks)}); the other {size - len(ranks)} are not "
+                        "in the bundle and their global ranks are not stated")
     return warnings
 
 

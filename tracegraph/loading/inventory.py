@@ -45,4 +45,5 @@ def _rank_summary(meta: dict[str, object], events: pd.DataFrame) -> dict[str, ob
         "kinds": {str(k): int(n) for k, n in events["kind"].value_counts().items()},
         "comm_ops": [{"comm": c, "group": g, "count": int(n)} for (c, g), n in by_type.items()],
         "steps": {str(k): round(v, 3) for k, v in step_times(events).items()},
+        **({"incomplete": meta["incomplete"]} if meta.get("incomplete") else {}),
     }

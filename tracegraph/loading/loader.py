@@ -271,6 +271,7 @@ def _rank_row(profile: RankFiles, parsed: ParsedRank) -> dict[str, object]:
         "clock_offset_ns": 0,
         "events": parsed.events.num_rows,
         "device_memory": int(meta.get("device_memory") or schema.NO_INT),
+        "incomplete": str(meta.get("incomplete", "")),
     }
 
 

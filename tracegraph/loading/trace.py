@@ -29,6 +29,14 @@ class Trace:
         """The global ranks present in the bundle, sorted."""
         return sorted(int(r) for r in self.ranks["rank"])
 
+    def incomplete_ranks(self) -> dict[int, str]:
+        """rank -> why its parser knows its profile misses events (a kernel table shorter than
+        the step it belongs to), for those ranks only."""
+        if "incomplete" not in self.ranks:
+            return {}
+        flagged = self.ranks[self.ranks["incomplete"].fillna("") != ""]
+        return dict(zip(flagged["rank"].astype(int), flagged["incomplete"], strict=True))
+
     def group_members(self) -> dict[str, tuple[int, ...]]:
         """Group id -> member global ranks (empty when the source did not say)."""
         return {g: tuple(int(r) for r in ranks)

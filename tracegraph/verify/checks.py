@@ -494,12 +494,14 @@ def min_reduction_overlap(facts: Facts, ratio: float) -> CheckResult:
     if reason := facts.lacks_timeline() or facts.lacks_reduction():
         return _not_applicable(reason)
     table = reduction_overlap(facts.analysis)
+    if not len(table):
+        return _not_applicable("no stage reduction on a rank whose compute the profile times")
     found = [facts.violation(int(r.rank), facts.step_of(int(r.rank), int(r.start)),
                              f"stage reduction {facts.ms(r.start):.3f}–{facts.ms(r.end):.3f} ms "
                              f"({r.ms:.3f} ms) overlaps compute {r.ratio:.1%} (< {ratio:.0%})",
                              int(r.start), int(r.end))
              for r in table.itertuples() if r.ratio < ratio]
-    overall = float(table["overlap_ms"].sum() / table["ms"].sum()) if len(table) else 0.0
+    overall = float(table["overlap_ms"].sum() / table["ms"].sum())
     return _result(found, f"{len(table) - len(found)} of {len(table)} stage reductions overlap "
                           f"compute at least {ratio:.0%} ({overall:.1%} of their time overall)",
                    overall)

@@ -16,7 +16,6 @@ import numpy as np
 
 from tracegraph import causes
 from tracegraph.analysis.analyze import PROGRESS_EVENTS, Analysis
-from tracegraph.analysis.stragglers import profiled_ns, slow_ops
 from tracegraph.progress import Progress
 from tracegraph.whatif.edits import LAUNCH, Edit, Scale, Straggler
 from tracegraph.whatif.predict import Prediction, predict
@@ -24,6 +23,7 @@ from tracegraph.whatif.subject import Subject
 
 NO_FIX = {causes.PIPELINE_FILL: "the schedule's own fill and drain: no single fix removes it",
           causes.PEER_COMPUTE: "the ranks' normal variation: no straggler to fix",
+          causes.OWN_COMPUTE: "the rank's own work: no scheduling fix removes it",
           causes.UNKNOWN: "time the walk could not explain"}
 RULE = ("ceilings of overlapping causes do not add: removing every cause together saves "
         "{together:.1f} ms, not the sum {total:.1f} ms")
@@ -48,8 +48,7 @@ def remover(subject: Subject, category: str) -> list[Edit]:
         return [Scale(LAUNCH, 0.0)]
     if category == causes.COMPUTE_STRAGGLER:
         analysis, graph = subject.analysis, subject.graph
-        slow = slow_ops(analysis.ops, analysis.slow_ranks,
-                        profiled_ns(analysis.steps, graph.start, graph.end))
+        slow = analysis.slow_op
         ranks = sorted(set(analysis.slow_ranks) | {int(r) for r in graph.rank[slow]})
         return [Straggler(str(rank)) for rank in ranks]
     if category in set(subject.category):

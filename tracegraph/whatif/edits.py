@@ -30,7 +30,6 @@ import numpy as np
 import pandas as pd
 
 from tracegraph import causes, schema
-from tracegraph.analysis.stragglers import profiled_ns, slow_ops
 from tracegraph.analysis.walk import MIN_PIECE_NS
 from tracegraph.whatif.model import KIND, TimingModel, end, start
 from tracegraph.whatif.subject import RELEASES, WAITED_AT, Subject
@@ -166,8 +165,7 @@ def select(subject: Subject, selector: str) -> np.ndarray:
     graph = subject.graph
     if what == causes.COMPUTE_STRAGGLER and how in ("", "category"):
         analysis = subject.analysis
-        mask = slow_ops(analysis.ops, analysis.slow_ranks,
-                        profiled_ns(analysis.steps, graph.start, graph.end))
+        mask = analysis.slow_op
     elif what in causes.CATEGORIES and how in ("", "category"):
         mask = subject.category == what
     elif what in schema.KINDS and how in ("", "kind"):

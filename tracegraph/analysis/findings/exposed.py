@@ -1,10 +1,13 @@
 """Exposed communication: the part of each group kind's communication during which the rank's
-main lane was not computing, per rank and stage; and each stage reduction's overlap with the
-later compute (the seed's acceptance: "the first long AllReduce overlaps later VPP chunk
-compute")."""
+main lane was not computing, per rank and stage, and how much of that the rank was waiting for
+work elsewhere (blame's verdict on its bubbles: a late peer, the pipeline's fill, the host),
+which no overlap hides: only the rest is the communication's own; and each stage reduction's
+overlap with the later compute (the seed's acceptance: "the first long AllReduce overlaps later
+VPP chunk compute")."""
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from tracegraph.analysis.findings.finding import INFO, WARNING, Finding
@@ -14,6 +17,10 @@ NAMES = {"ep": "EP all-to-all", "dp": "DP/HSDP reduction", "pp": "PP P2P", "tp":
          "cp": "CP"}
 EXPOSED_SHARE = 0.5  # a kind mostly exposed ...
 STEP_SHARE = 0.05  # ... for at least this share of the step is a warning
+ELSEWHERE = "a late peer, the pipeline's fill, the host: overlap cannot hide it"
+UNEXPLAINED = "while the device idled for a reason the profile does not hold (no stream wait)"
+RECORD_WAITS = ("profile with the device's stream waits (Ascend trace_view.json, Kineto with "
+                "CUDA / HIP events) to tell which")
 SUGGESTIONS = {
     "ep": "overlap the all-to-all with the other microbatch's compute (combined 1F1B / "
           "--overlap-moe-expert-parallel-comm with --delay-wgrad-compute), on its own stream",
@@ -24,17 +31,27 @@ SUGGESTIONS = {
 
 
 def exposed_table(analysis, stages: dict[int, int]) -> pd.DataFrame:
-    """rank, stage, dim, comm_ms, exposed_ms: per step (mean over the rank's steps)."""
+    """rank, stage, dim, comm_ms, exposed_ms, waiting_ms, unexplained_ms, own_ms: per step
+    (mean over the rank's steps), the communication in flight, the part not hidden by compute,
+    the part of that the rank waited for something else (a late peer's compute, the pipeline's
+    fill, the host: overlap_table's waiting_ms), the part blame could not explain (no wait in
+    the profile to follow), and the rest: the communication's own exposure."""
+    columns = ["rank", "stage", "dim", "comm_ms", "exposed_ms", "waiting_ms", "unexplained_ms",
+               "own_ms"]
     table = overlap_table(analysis)
     if not len(table):
-        return pd.DataFrame(columns=["rank", "stage", "dim", "comm_ms", "exposed_ms"])
+        return pd.DataFrame(columns=columns)
     table = table.assign(exposed_ms=table["comm_ms"] - table["overlap_ms"])
     steps = table.groupby("rank")["step"].nunique()
-    sums = table.groupby(["rank", "dim"], as_index=False)[["comm_ms", "exposed_ms"]].sum()
+    sums = table.groupby(["rank", "dim"], as_index=False)[
+        ["comm_ms", "exposed_ms", "waiting_ms", "unexplained_ms"]].sum()
     per = sums["rank"].map(steps)
+    exposed = sums["exposed_ms"] / per
+    waiting = np.minimum(sums["waiting_ms"] / per, exposed)  # bubbles of two lanes may overlap
+    unexplained = np.minimum(sums["unexplained_ms"] / per, exposed - waiting)
     return sums.assign(stage=sums["rank"].map(stages).fillna(0).astype(int),
-                       comm_ms=sums["comm_ms"] / per, exposed_ms=sums["exposed_ms"] / per)[
-        ["rank", "stage", "dim", "comm_ms", "exposed_ms"]]
+                       comm_ms=sums["comm_ms"] / per, exposed_ms=exposed, waiting_ms=waiting,
+                       unexplained_ms=unexplained, own_ms=exposed - waiting - unexplained)[columns]
 
 
 def finding(analysis, stages: dict[int, int]) -> Finding | None:
@@ -42,28 +59,32 @@ def finding(analysis, stages: dict[int, int]) -> Finding | None:
     table = exposed_table(analysis, stages)
     if not len(table):
         return None
-    step_ms = float(analysis.step_table()["ms"].median())
+    step_ms = analysis.step_table().groupby("rank")["ms"].mean()  # each rank's own step
     lines, evidence, worst = [], {"per_rank": [], "by_dim": {}}, None
     for dim, rows in table.groupby("dim"):
         comm, exposed = rows["comm_ms"].sum(), rows["exposed_ms"].sum()
-        top = rows.loc[rows["exposed_ms"].idxmax()]
+        waiting, unexplained = rows["waiting_ms"].sum(), rows["unexplained_ms"].sum()
+        own = rows["own_ms"].sum()
+        top = rows.loc[rows["own_ms"].idxmax()]
         stage_rows = rows.groupby("stage")[["comm_ms", "exposed_ms"]].mean()
         evidence["by_dim"][dim] = {
             "comm_ms": round(comm, 3), "exposed_ms": round(exposed, 3),
+            "waiting_ms": round(waiting, 3), "unexplained_ms": round(unexplained, 3),
             "hidden_share": round(1 - exposed / comm, 4) if comm else None,
-            "worst_rank": int(top["rank"]), "worst_exposed_ms": round(top["exposed_ms"], 3),
+            "worst_rank": int(top["rank"]), "worst_exposed_ms": round(top["own_ms"], 3),
             "by_stage": {str(s): {k: round(v, 3) for k, v in r.items()}
                          for s, r in stage_rows.iterrows()}}
         stage_text = ", ".join(f"stage {s} {r['exposed_ms']:.1f}/{r['comm_ms']:.1f}"
                                for s, r in stage_rows.iterrows())
         lines.append(f"{NAMES.get(dim, dim)}: {exposed:.1f} of {comm:.1f} ms exposed per step "
-                     f"(summed over ranks, {1 - exposed / comm:.0%} hidden); most on rank "
-                     f"{int(top['rank'])}: {top['exposed_ms']:.1f} ms; per rank by stage "
-                     f"(exposed/total ms): {stage_text}")
-        mostly = exposed / comm > EXPOSED_SHARE if comm else False
-        if mostly and top["exposed_ms"] > STEP_SHARE * step_ms and (
-                worst is None or top["exposed_ms"] > worst[1]):
-            worst = (dim, float(top["exposed_ms"]), int(top["rank"]))
+                     f"(summed over ranks, {1 - exposed / comm:.0%} hidden)"
+                     f"{_not_own(waiting, unexplained)} on rank {int(top['rank'])}: "
+                     f"{top['own_ms']:.1f} ms; per rank by stage (exposed/total ms): "
+                     f"{stage_text}")
+        mostly = own / comm > EXPOSED_SHARE if comm else False
+        if mostly and top["own_ms"] > STEP_SHARE * step_ms[top["rank"]] and (
+                worst is None or top["own_ms"] > worst[1]):
+            worst = (dim, float(top["own_ms"]), int(top["rank"]))
     evidence["per_rank"] = [{k: (round(v, 3) if isinstance(v, float) else v)
                              for k, v in row.items()} for row in table.to_dict("records")]
     reductions = reduction_overlap(analysis)
@@ -74,14 +95,33 @@ def finding(analysis, stages: dict[int, int]) -> Finding | None:
              "ms": round(r.ms, 3), "overlap_ratio": round(float(r.ratio), 4)}
             for r in reductions.itertuples()]
     if worst is None:
-        return Finding("exposed_comm", INFO, "communication mostly hidden behind compute",
-                       "nothing to do", lines, evidence)
+        return Finding("exposed_comm", INFO, *_quiet(table), lines, evidence)
     dim, ms, rank = worst
     return Finding("exposed_comm", WARNING,
                    f"{NAMES.get(dim, dim)} exposed: up to {ms:.1f} ms per step on rank {rank} "
-                   f"({ms / step_ms:.0%} of the step)", SUGGESTIONS.get(dim, "overlap it with "
-                                                                        "compute"),
-                   lines, evidence)
+                   f"({ms / step_ms[rank]:.0%} of its step)",
+                   SUGGESTIONS.get(dim, "overlap it with compute"), lines, evidence)
+
+
+def _not_own(waiting: float, unexplained: float) -> str:
+    """What of a kind's exposed time is not the transfers' own, as a clause."""
+    parts = [f"{ms:.1f} ms {text}" for ms, text in (
+        (waiting, f"waiting for work elsewhere ({ELSEWHERE})"), (unexplained, UNEXPLAINED))
+        if ms >= 0.05]
+    return f", of that {' and '.join(parts)}; of the rest, most" if parts else "; most"
+
+
+def _quiet(table: pd.DataFrame) -> tuple[str, str]:
+    """Title and suggestion when no kind's own exposure warrants a warning."""
+    waiting, unexplained, own = (table[c].sum() for c in ("waiting_ms", "unexplained_ms",
+                                                             "own_ms"))
+    if unexplained > max(waiting, own):
+        return (f"communication exposed {unexplained:.1f} ms per step (summed over ranks) "
+                f"{UNEXPLAINED}: the transfers or a late peer", RECORD_WAITS)
+    if waiting > own:
+        return ("communication exposed mostly while waiting for work elsewhere, not for the "
+                "transfers", "follow the bubbles' chains to the late work")
+    return "communication mostly hidden behind compute", "nothing to do"
 
 
 def _reduction_line(analysis, reductions: pd.DataFrame) -> str:

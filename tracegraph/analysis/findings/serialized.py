@@ -99,8 +99,9 @@ def finding(analysis) -> Finding | None:
     cost = float(hit["exposed_ms"].max())
     return Finding(
         "serialized_streams", WARNING,
-        f"compute and communication streams serialized on {len(hit)} rank(s) (one hardware "
-        f"queue?): up to {cost:.1f} ms of communication per step cannot hide", SUGGESTION, lines,
-        {"ranks": sorted(int(r) for r in hit["rank"]), "exposed_ms_per_step": round(cost, 3),
+        f"compute and communication streams serialized on {hit['rank'].nunique()} rank(s) (one "
+        f"hardware queue?): up to {cost:.1f} ms of communication per step cannot hide",
+        SUGGESTION, lines,
+        {"ranks": sorted({int(r) for r in hit["rank"]}), "exposed_ms_per_step": round(cost, 3),
          "pairs": [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()}
                    for row in hit.to_dict("records")]})

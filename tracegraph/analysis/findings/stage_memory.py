@@ -69,7 +69,9 @@ def finding(analysis, stages: dict[int, int], pipeline=None) -> Finding | None:
     lines = [f"stage {s}: peak {r.peak / GIB:.2f} GiB (ranks {r.ranks}), activations "
              f"{r.activations / GIB:.2f} GiB = {held[s]:.2f} microbatches (scaled to stage "
              f"{by_stage.index[0]}'s {expected[0]:g}) against {expected[i]:.2f} expected"
-             for i, (s, r) in enumerate(by_stage.iterrows())]
+             for i, (s, r) in enumerate(by_stage.iterrows())] if p > 1 else [
+        f"peak {table['peak'].max() / GIB:.2f} GiB (ranks {by_stage['ranks'].iloc[0]}); one "
+        "pipeline stage: no stage to compare it with"]
     share = (table["reserved"] / table["capacity"]).where(table["capacity"] > 0)
     closest = table.loc[share.idxmax()] if share.notna().any() else table.loc[
         table["peak"].idxmax()]
@@ -83,7 +85,8 @@ def finding(analysis, stages: dict[int, int], pipeline=None) -> Finding | None:
     warn = (p > 1 and imbalance > IMBALANCE) or near
     top, low = by_stage["peak"].idxmax(), by_stage["peak"].idxmin()
     title = (f"stage memory: stage {top} peaks {imbalance:.0%} above stage {low} "
-             f"({by_stage['peak'].max() / GIB:.2f} vs {by_stage['peak'].min() / GIB:.2f} GiB)")
+             f"({by_stage['peak'].max() / GIB:.2f} vs {by_stage['peak'].min() / GIB:.2f} GiB)"
+             if p > 1 else f"device memory: peak {by_stage['peak'].max() / GIB:.2f} GiB")
     return Finding("stage_memory", WARNING if warn else INFO, title,
                    SUGGESTION if warn else "nothing to do", lines,
                    {"imbalance": round(imbalance, 4), "stages": p, "chunks": v,

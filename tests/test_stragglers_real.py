@@ -1,0 +1,102 @@
+"""Stragglers are judged against peers doing the same work, on real profiles read by hand.
+
+- torch_npu_pp2dp2_level2_comm (PP2 × DP2; pp groups [0, 2] and [1, 3], dp [0, 1] and [2, 3]):
+  ranks 1 and 3 ship no kernel_details.csv, so only ranks 0 (stage 0) and 2 (stage 1) hold
+  compute; step_trace_time.csv: Computing 231290 µs on rank 0, 400448 µs on rank 2 (the last
+  stage computes the loss over a 151936-word vocabulary: Exp / Sub / Div kernels rank 0 never
+  runs). Neither has a replica whose compute is in the profile: no straggler can be named.
+- torch_npu_2023_comm: both kernel_details.csv are 21- and 22-row excerpts (their step 2 spans
+  267.850 / 16.420 ms of step_trace_time.csv's 291.698 / 294.587 ms).
+- gloo_pp2_dp2: rank 1 sleeps 200 ms; dp groups [0, 2] and [1, 3] (pg_config).
+- tests/data/corpus: pp4_1f1b_* are PP4 whose stage 0 has one layer more and stage 3 the loss
+  (stages 1 and 2 run the same ops); world_metrics_allreduce is a healthy PP2 × DP2 control.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+import tracegraph
+from tests.conftest import REAL
+from tests.corpus import folder
+from tests.test_checks import run_cli
+from tracegraph import causes
+from tracegraph.analysis.analyze import Analysis, analyze
+from tracegraph.analysis.bubbles import INCOMPLETE_CONFIDENCE
+from tracegraph.analysis.peers import op_mix
+
+PP2DP2 = REAL / "ascend" / "torch_npu_pp2dp2_level2_comm"
+EXCERPTS = REAL / "ascend" / "torch_npu_2023_comm"
+
+
+@cache
+def analysed(path: Path) -> Analysis:
+    return analyze(tracegraph.load(path, use_cache=False))
+
+
+def test_the_last_pipeline_stage_is_not_a_straggler_of_the_first():
+    analysis = analysed(PP2DP2)
+    compute = analysis.ops.frame.groupby("rank")["kind"].apply(lambda k: (k == "compute").sum())
+    assert set(compute[compute > 0].index) == {0, 2}  # ranks 1, 3: communication.json only
+    assert {"aclnnExp_ExpAiCore_Exp"} <= set(op_mix(analysis.ops).loc[2][lambda n: n > 0].index)
+    assert analysis.slow_ranks == set()
+    assert not analysis.slow_op.any()
+    assert not [b for b in analysis.bubbles if b.category == causes.COMPUTE_STRAGGLER]
+    unjudged = analysis.peers.unjudged
+    assert set(unjudged) == {0, 2}
+    assert "rank 1 holds no compute" in unjudged[0] and "rank 3 holds no compute" in unjudged[2]
+
+
+def test_analyze_says_who_was_not_judged_and_why(tmp_path: Path):
+    run = run_cli("analyze", PP2DP2, "--json", "--cache-dir", tmp_path)
+    summary = json.loads(run.stdout)
+    assert summary["slow_ranks"] == [] and summary["stragglers"]["peers"] == []
+    assert set(summary["stragglers"]["not_judged"]) == {"0", "2"}
+    text = run_cli("analyze", PP2DP2, "--cache-dir", tmp_path).stdout
+    assert "compute stragglers: none named" in text
+    assert "rank 2 not judged: no peer doing the same work" in text
+
+
+def test_no_straggler_is_named_from_tables_the_parser_knows_are_incomplete():
+    analysis = analysed(EXCERPTS)
+    assert analysis.trace.incomplete_ranks().keys() == {0, 1}
+    assert "span 16.420 ms, step_trace_time.csv's Stage 294.587 ms" in \
+        analysis.trace.incomplete_ranks()[1]
+    assert analysis.slow_ranks == set() and not analysis.slow_op.any()
+    assert set(analysis.peers.unjudged) == {0, 1}
+    assert all("misses events" in why for why in analysis.peers.unjudged.values())
+    assert analysis.bubbles
+    for bubble in analysis.bubbles:
+        assert bubble.sureness == "low" and bubble.confidence == INCOMPLETE_CONFIDENCE
+        assert "profile misses events" in bubble.evidence
+
+
+def test_a_complete_table_is_not_flagged():
+    assert analysed(PP2DP2).trace.incomplete_ranks() == {}
+    assert all(b.confidence > INCOMPLETE_CONFIDENCE for b in analysed(PP2DP2).bubbles)
+
+
+def test_dp_replicas_are_peers_and_the_sleeper_is_named(real: Path):
+    analysis = analysed(real / "kineto" / "gloo_pp2_dp2")
+    assert analysis.peers.groups() == [[0, 2], [1, 3]]
+    assert analysis.slow_ranks == {1}
+
+
+@pytest.mark.parametrize("case", ["pp4_1f1b_healthy", "pp4_1f1b_bwd_straggler"])
+def test_pipeline_stages_with_the_same_ops_are_peers(case: str):
+    analysis = analysed(folder(case))
+    assert analysis.peers.groups() == [[1, 2]]  # stage 0 embeds, stage 3 computes the loss
+    assert set(analysis.peers.unjudged) == {0, 3}
+    assert analysis.slow_ranks == ({2} if case.endswith("straggler") else set())
+
+
+def test_two_peers_judge_each_other_against_the_other_pairs_spread():
+    """In the healthy PP2 × DP2 control each pair's ranks differ by up to 45 % (a busy host):
+    as much as the other pair's, so no straggler."""
+    analysis = analysed(folder("world_metrics_allreduce"))
+    assert analysis.peers.groups() == [[0, 2], [1, 3]]
+    assert analysis.slow_ranks == set()
