@@ -18,6 +18,7 @@ from tracegraph import causes
 from tracegraph.analysis.analyze import PROGRESS_EVENTS, Analysis
 from tracegraph.progress import Progress
 from tracegraph.whatif.edits import LAUNCH, Edit, Scale, Straggler
+from tracegraph.whatif.engine import CycleError
 from tracegraph.whatif.predict import Prediction, predict
 from tracegraph.whatif.subject import Subject
 
@@ -61,7 +62,11 @@ def gain_ceilings(analysis: Analysis) -> dict[str, object]:
     over steps, ms and % of the measured step, best and worst step), and why a cause has none."""
     subject = subject_of(analysis)
     if "ceilings" not in subject.memo:
-        subject.memo["ceilings"] = _ceilings(subject)
+        try:
+            subject.memo["ceilings"] = _ceilings(subject)
+        except CycleError as error:  # matches that contradict each other: analyze warned
+            subject.memo["ceilings"] = {"causes": [], "refused": [
+                f"no replay: {error} (the dependency graph's matches contradict each other)"]}
     return subject.memo["ceilings"]
 
 
