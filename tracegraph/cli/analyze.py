@@ -9,7 +9,14 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from parsers.base import TraceError
-from tracegraph.cli.common import cluster, friendly_errors, load_bundle, out, warn
+from tracegraph.cli.common import (
+    cluster,
+    friendly_errors,
+    inputs_exist,
+    load_bundle,
+    out,
+    warn,
+)
 from tracegraph.cli.options import Bundle, CacheDir, Dask, Jobs, NoCache, RankMap, ThresholdMs
 
 if TYPE_CHECKING:
@@ -32,6 +39,7 @@ def analyze_command(
         "--inventory-only", help="Only list what the bundle holds; no analysis.")] = False,
 ) -> None:
     """Read every rank's profile, then explain each step's bubbles down to their root causes."""
+    inputs_exist(bundle)
     from reports.findings import print_findings
     from reports.pipeline import pipeline_lines
     from reports.terminal import print_analysis

@@ -15,8 +15,8 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from parsers.base import TraceError
-from parsers.values import printable, rank_id
+from parsers.base import TraceError, require_exists
+from parsers.text import printable
 
 if TYPE_CHECKING:
     from tracegraph.loading.trace import Trace
@@ -41,6 +41,13 @@ def friendly_errors(command: F) -> F:
             raise typer.Exit(EXIT_BAD_INPUT) from None
 
     return run  # type: ignore[return-value]
+
+
+def inputs_exist(*paths: Path) -> None:
+    """Fail on a missing input at once: commands call this before importing pandas and the
+    analysis, so a mistyped path costs no more than the interpreter's start."""
+    for path in paths:
+        require_exists(path)
 
 
 def cluster(dask: str | None, jobs: int | None) -> AbstractContextManager[Executor | None]:
@@ -74,6 +81,8 @@ def load_bundle(bundle: Path, cache_dir: Path | None, no_cache: bool, jobs: int 
 
 def read_rank_map(path: Path) -> dict[str, int]:
     """--rank-map's {profile: rank}; TraceError unless every value is a rank id."""
+    from parsers.values import rank_id
+
     try:
         mapping = json.loads(path.read_text())
         ranks = {str(k): rank_id(v) for k, v in mapping.items()}

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from parsers.base import TraceError
-from parsers.values import printable
-from tracegraph.cli.common import friendly_errors, load_bundle, out
+from parsers.text import printable
+from tracegraph.cli.common import friendly_errors, inputs_exist, load_bundle, out
 from tracegraph.cli.options import (
     Bundle,
     CacheDir,
@@ -49,6 +49,7 @@ def export_command(
     if not (parquet or perfetto or chrome):
         raise TraceError("export: name at least one of --parquet DIR, --perfetto FILE.pftrace, "
                          "--chrome FILE.json")
+    inputs_exist(bundle)
     trace = load_bundle(bundle, cache_dir, no_cache, jobs, rank_map, dask)
     if parquet:
         for path in trace.to_parquet(parquet):
@@ -87,6 +88,7 @@ def graph_command(
              "analysis of bubbles of this size followed.", callback=milliseconds)] = 1.0,
 ) -> None:
     """Write the cross-rank dependency DAG (networkx GraphML or node-link JSON)."""
+    inputs_exist(bundle)
     from tracegraph.analysis.analyze import analyze as run_analysis
     from tracegraph.graph.export import write_graph
 

@@ -19,7 +19,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from parsers.base import TraceError
-from parsers.values import printable
+from parsers.text import printable
 from reports.markdown import (
     STATE_TITLES,
     check_status,
@@ -33,8 +33,7 @@ from reports.markdown import (
     verdict_line,
     violation_line,
 )
-from reports.whatif import print_checked
-from tracegraph.cli.common import friendly_errors, load_bundle, warn
+from tracegraph.cli.common import friendly_errors, inputs_exist, load_bundle, warn
 from tracegraph.cli.options import (
     Bundle,
     CacheDir,
@@ -200,6 +199,7 @@ def _diff(before: Path, after: Path, spec: RuleSpec, limit: float | None,
           source: Source, outputs: Outputs, *, html: Path | None, top: int,
           min_chain_ms: float | None, allow_not_applicable: bool,
           predicted: Path | None = None) -> None:
+    inputs_exist(before, after)
     from reports.junit import diff_junit
     from reports.markdown import diff_markdown
     from tracegraph.verify.checks import evaluate
@@ -230,6 +230,7 @@ def _diff(before: Path, after: Path, spec: RuleSpec, limit: float | None,
 
 def _check(bundle: Path, spec: RuleSpec, source: Source, outputs: Outputs,
            allow_not_applicable: bool) -> None:
+    inputs_exist(bundle)
     from reports.junit import check_junit
     from reports.markdown import check_markdown
     from tracegraph.verify import metrics
@@ -305,6 +306,8 @@ def print_diff(console: Console, report: dict[str, object]) -> None:
                [(str(c["rank"]), c["category"], root_text(c), ms(c["before_ms"]),
                  ms(c["after_ms"]), " ← ".join(map(str, c["chain"]))) for c in chains])
     if report.get("predicted"):
+        from reports.whatif import print_checked
+
         print_checked(console, report["predicted"])
     if report["checks"]:
         _table(console, f"checks (after: {checks_line(report['check_counts'])})",

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from tracegraph.cli.common import friendly_errors, load_bundle, out
+from tracegraph.cli.common import friendly_errors, inputs_exist, load_bundle, out
 from tracegraph.cli.options import ThresholdMs
 
 
@@ -35,8 +35,9 @@ def report_command(
 def _report(bundle: Path, output: Path, step: int | None, top: int, threshold_ms: float,
             cache_dir: Path | None, no_cache: bool, jobs: int | None, rank_map: Path | None
             ) -> None:
+    inputs_exist(bundle)
     from parsers.base import TraceError
-    from parsers.values import printable
+    from parsers.text import printable
     from reports.html import write_report
     from tracegraph.analysis.analyze import analyze
     from tracegraph.analysis.pipeline import recover

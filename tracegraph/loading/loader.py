@@ -22,7 +22,7 @@ import pyarrow as pa
 from parsers import parse_rank
 from parsers.base import GroupInfo, ParsedRank, RankFiles, TraceError
 from parsers.bundle import Bundle, open_bundle
-from parsers.values import printable
+from parsers.text import printable
 from tracegraph import schema
 from tracegraph.loading import cache, consistency
 from tracegraph.loading.groups import groups_frame
