@@ -24,11 +24,25 @@ def test_median_of_others_matches_dropping_each_element() -> None:
 
 
 def test_ops_keep_the_traces_string_dtype() -> None:
+    """Ops hold strings as the trace does (Categoricals, its categories in its order); a lane
+    name the trace lacks (a comm op placed on the stream it names) is a category added last."""
     trace = tracegraph.load(SAMPLES / "simulated" / "pp-compute-straggler-ascend.tar.gz",
                             use_cache=False)
     frame = build_ops(trace.events).frame
     for column in STRING_COLUMNS:
-        assert frame[column].dtype == trace.events[column].dtype
+        mine, theirs = frame[column].dtype.categories, trace.events[column].dtype.categories
+        assert mine[:len(theirs)].equals(theirs), column
+        assert set(mine[len(theirs):]) <= set(frame[column]), column
+        source = trace.events[column].reindex(frame["event"]).to_numpy()
+        kept = frame[column].to_numpy() == source
+        assert kept.all() or column == "lane", column
+
+
+def test_restored_categories_grow_by_what_they_lack() -> None:
+    dtype = pd.CategoricalDtype(["b", "a"])
+    back = restore_strings(pd.Series(["a", "c", None, "a"], dtype=object), dtype)
+    assert list(back.cat.categories) == ["b", "a", "c"]
+    assert back.tolist()[:2] == ["a", "c"] and pd.isna(back[2]) and back[3] == "a"
 
 
 def test_shared_strings_round_trip_with_missing_values() -> None:

@@ -7,6 +7,7 @@ import shutil
 import tarfile
 from pathlib import Path
 
+import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
@@ -65,10 +66,29 @@ def test_export_writes_the_public_schema(real: Path, tmp_path: Path, cache_dir: 
     memory = pq.read_table(tmp_path / "out" / "memory.parquet")
     assert memory.schema.names == schema.MEMORY.names and memory.num_rows == 0  # none recorded
     events = pq.read_table(tmp_path / "out" / "events.parquet")
-    assert events.schema.names == schema.EVENTS.names
+    assert events.schema.equals(schema.EVENTS)  # plain strings, whatever the trace holds
     assert events.num_rows == len(trace.events)
     ranks = pq.read_table(tmp_path / "out" / "ranks.parquet").to_pandas()
     assert ranks["events"].sum() == len(trace.events)
+
+
+def test_event_strings_are_held_once_per_distinct_value(real: Path, cache_dir: Path) -> None:
+    """Every string column of the events is a Categorical over Python strings: a value used by
+    many rows is one object (codes of 2 bytes or less a row here), and reads back as it is."""
+    trace = tracegraph.load(real / GLOO, cache_dir=cache_dir)
+    events = trace.events
+    for name in schema.STRING_DEFAULTS:
+        column = events[name]
+        assert isinstance(column.dtype, pd.CategoricalDtype), name
+        assert column.cat.categories.dtype == object, name
+        assert column.cat.codes.dtype.itemsize <= 2, name
+        values = column.to_numpy()
+        first = {}
+        assert all(first.setdefault(v, v) is v for v in values), name  # shared objects
+    kinds = events["kind"].to_numpy()
+    assert set(kinds) <= set(schema.KINDS) and (kinds == schema.HOST).sum() > 0
+    per_event = events.memory_usage(deep=True).sum() / len(events)
+    assert per_event < 120, per_event  # 13 integer columns (84 bytes) and 10 small codes
 
 
 def test_second_load_comes_from_the_cache(real: Path, cache_dir: Path, monkeypatch) -> None:

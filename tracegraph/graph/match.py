@@ -251,8 +251,8 @@ def _match_collectives(ops: Ops, group_members: dict[str, tuple[int, ...]],
                        result: Matches) -> pd.DataFrame:
     frame = ops.frame
     coll = frame[frame["kind"] == schema.COLLECTIVE]
-    coll = coll.assign(group=coll["group"].where(coll["group"] != "", "stream " +
-                                                  coll["stream"].astype(str)))
+    named = coll["group"].astype(object)  # a Categorical takes no new value
+    coll = coll.assign(group=named.where(named != "", "stream " + coll["stream"].astype(str)))
     keyed = []
     for group, ops_of_group in coll.groupby("group"):
         keys, safe = _instance_keys(str(group), ops_of_group, result.warnings)

@@ -93,17 +93,28 @@ def shared_strings(column: pd.Series) -> pd.Series:
     taking, sorting and iterating it is many times faster than Arrow strings."""
     if column.dtype == object:
         return column
-    codes, uniques = pd.factorize(column)
+    if isinstance(column.dtype, pd.CategoricalDtype):
+        codes, uniques = column.cat.codes.to_numpy(), column.cat.categories
+    else:
+        codes, uniques = pd.factorize(column)
     values = np.append(np.asarray(uniques, dtype=object), None)[codes]
     return pd.Series(values, index=column.index, dtype=object, name=column.name)
 
 
 def restore_strings(column: pd.Series, dtype: object) -> pd.Series:
-    """Shared object strings back to `dtype` (the trace's, often Arrow-backed: fast to compare,
-    slow to take), converting each distinct value once."""
+    """Shared object strings back to `dtype` (the trace's: a Categorical, whose categories grow
+    by values it lacks, or Arrow-backed strings), converting each distinct value once."""
     if pd.api.types.is_object_dtype(dtype):
         return column
     codes, uniques = pd.factorize(column)
+    if isinstance(dtype, pd.CategoricalDtype):
+        categories = dtype.categories
+        new = uniques[categories.get_indexer(uniques) < 0]
+        if len(new):
+            categories = categories.append(pd.Index(new, dtype=categories.dtype))
+        coded = np.append(categories.get_indexer(uniques), -1)[codes]
+        return pd.Series(pd.Categorical.from_codes(coded, dtype=pd.CategoricalDtype(categories)),
+                         index=column.index, name=column.name)
     values = pa.array(np.asarray(uniques, dtype=object), pa.large_string())
     decoded = pa.DictionaryArray.from_arrays(pa.array(codes, mask=codes < 0), values)
     return pd.Series(pd.array(decoded.cast(pa.large_string()), dtype=dtype), index=column.index,

@@ -93,8 +93,9 @@ def silent_members(groups: pd.DataFrame, events: pa.Table, empty: set[int]) -> l
 
 def _collective_ranks(events: pa.Table) -> dict[str, set[int]]:
     """Group -> the ranks with a collective op on it."""
-    ops = events.filter(pc.and_(pc.equal(events["kind"], schema.COLLECTIVE),
-                                pc.not_equal(events["group"], "")))
+    ops = events.select(["kind", "group", "rank"]).unify_dictionaries()  # one coding over ranks
+    ops = ops.filter(pc.and_(pc.equal(ops["kind"], schema.COLLECTIVE),
+                             pc.not_equal(ops["group"], "")))
     pairs = ops.select(["group", "rank"]).group_by(["group", "rank"]).aggregate([])
     found: dict[str, set[int]] = defaultdict(set)
     for group, rank in zip(pairs["group"].to_pylist(), pairs["rank"].to_pylist(), strict=True):

@@ -2,10 +2,10 @@
 and merge them into one `Trace`.
 
 Each rank's table leaves its worker (and enters the cache) in the in-memory form the final
-DataFrame uses: strings as Arrow `large_string`, so the merge only concatenates chunks and the
-string columns become pandas' Arrow-backed strings without a copy. Local workers hand the table
-back as an Arrow file that this process memory-maps (and that becomes the rank's cache entry by a
-rename) rather than pickled through a pipe; executors such as Dask's still get it pickled."""
+DataFrame uses: strings dictionary-coded, so the merge only concatenates chunks and the string
+columns become pandas Categoricals (codes and each distinct value once). Local workers hand the
+table back as an Arrow file that this process memory-maps (and that becomes the rank's cache entry
+by a rename) rather than pickled through a pipe; executors such as Dask's still get it pickled."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from tracegraph import schema
 from tracegraph.loading import cache, consistency
 from tracegraph.loading.groups import groups_frame
 from tracegraph.loading.resolve import settle
-from tracegraph.loading.trace import Trace
+from tracegraph.loading.trace import Trace, events_frame
 from tracegraph.progress import Progress
 
 _WORKER_BUNDLES: dict[str, Bundle] = {}
@@ -220,7 +220,7 @@ def _merge(source: Path, parsed: list[tuple[RankFiles, ParsedRank]],
     group_frame, group_warnings = groups_frame(groups, events, world)
     warnings.extend(group_warnings)
     warnings.extend(consistency.check(source, ranks, group_frame, events, world, warnings))
-    return Trace(source=source, events=_to_pandas(events), groups=group_frame,
+    return Trace(source=source, events=events_frame(events), groups=group_frame,
                  ranks=ranks.astype({"rank": "int32", "world_size": "int32", "events": "int64",
                                      "clock_base_ns": "int64", "clock_offset_ns": "int64",
                                      "device_memory": "int64"}),
@@ -242,12 +242,6 @@ def _concat_memory(parsed: list[tuple[RankFiles, ParsedRank]]) -> pd.DataFrame:
               if r.memory is not None and r.memory.num_rows]
     table = pa.concat_tables(tables) if tables else schema.empty_memory()
     return table.to_pandas(types_mapper=_arrow_strings)
-
-
-def _to_pandas(events: pa.Table) -> pd.DataFrame:
-    """The events as a DataFrame: strings stay in their Arrow buffers, one block per column (no
-    consolidation copy), and each integer column's Arrow memory is freed once it is copied."""
-    return events.to_pandas(types_mapper=_arrow_strings, split_blocks=True, self_destruct=True)
 
 
 def _rank_column(events: pa.Table, rank: int) -> pa.Table:
@@ -274,7 +268,8 @@ def _rank_row(profile: RankFiles, parsed: ParsedRank) -> dict[str, object]:
     }
 
 
+
 def _arrow_strings(arrow_type: pa.DataType) -> object:
-    """String columns stay Arrow-backed in pandas: a fraction of the memory of Python objects."""
+    """The memory table's strings stay Arrow-backed in pandas (few rows, no Categorical needed)."""
     text = pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type)
     return pd.StringDtype("pyarrow") if text else None

@@ -97,7 +97,7 @@ def _bundle(gloo: list[ParsedRank], present: set[int]) -> _Bundle:
     for parsed in gloo:
         table = parsed.events
         rows = pc.indices_nonzero(pc.not_equal(table["comm"], "")).to_numpy()
-        frame = table.take(pa.array(rows)).select(_COLUMNS).to_pandas()
+        frame = schema.plain_strings(table.take(pa.array(rows)).select(_COLUMNS)).to_pandas()
         frames.append(frame.assign(rank=parsed.rank, row=rows))
         spans[parsed.rank] = _span(table)
         for worker, issued in parsed.meta["cross_rank"].get("issuers", []):
@@ -500,13 +500,16 @@ def _written(table: pa.Table, rows: pd.DataFrame) -> pa.Table:
     """`table` with the group / peer / seq values of `rows` (its comm rows) where they changed."""
     for column in _WRITTEN:
         old = table.column(column).combine_chunks()
+        coded = pa.types.is_dictionary(old.type)  # strings: decoded to write, coded again
+        plain = old.dictionary_decode() if coded else old
         values = rows[column].to_numpy()
-        before = old.take(pa.array(rows["row"].to_numpy())).to_numpy(zero_copy_only=False)
+        before = plain.take(pa.array(rows["row"].to_numpy())).to_numpy(zero_copy_only=False)
         changed = values != before
         if not changed.any():
             continue
         mask = np.zeros(table.num_rows, dtype=bool)
         mask[rows["row"].to_numpy()[changed]] = True
-        new = pc.replace_with_mask(old, pa.array(mask), pa.array(values[changed], old.type))
+        new = pc.replace_with_mask(plain, pa.array(mask), pa.array(values[changed], plain.type))
+        new = new.dictionary_encode() if coded else new
         table = table.set_column(table.schema.get_field_index(column), column, new)
     return table
