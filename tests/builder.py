@@ -148,7 +148,7 @@ class TraceBuilder:
         dims = {info.group: dim for info, dim in self.groups if dim}
         groups["dim"] = [dims.get(g, d) for g, d in zip(groups["group"], groups["dim"],
                                                         strict=True)]
-        events = events_frame(schema.in_memory(table))
+        events = events_frame([schema.in_memory(table)])
         return Trace(Path(source), events, groups, _ranks(frame))
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 
@@ -52,3 +54,25 @@ def test_shared_strings_round_trip_with_missing_values() -> None:
     back = restore_strings(shared, column.dtype)
     assert back.dtype == column.dtype and back.isna().tolist() == [False, True, False, False]
     assert back.dropna().tolist() == ["a", "b", "a"]
+
+
+def test_launch_times_are_the_earliest_host_call_exactly(real: Path) -> None:
+    """Each device op's launch is the earliest host call sharing its (rank, correlation), to
+    the nanosecond: epoch times (~1.7e18 ns) do not survive a float, as a group-by with a
+    reindex returned them."""
+    trace = tracegraph.load(real / "kineto/hta/negative_queue_length_values_check",
+                            use_cache=False)
+    frame = build_ops(trace.events).frame
+    events = trace.events
+    calls = events[(events["lane_kind"] == "thread") & (events["kind"] == "host")
+                   & (events["correlation"] >= 0)]
+    earliest: dict[tuple[int, int], int] = {}
+    for rank, corr, start in zip(calls["rank"], calls["correlation"], calls["start_ns"],
+                                 strict=True):
+        key = (int(rank), int(corr))
+        earliest[key] = min(earliest.get(key, start), int(start))
+    device = frame["lane"].astype(str).str.startswith("stream ") & (frame["correlation"] >= 0)
+    expected = [earliest.get((int(r), int(c)), -1) if d else -1 for r, c, d in
+                zip(frame["rank"], frame["correlation"], device, strict=True)]
+    assert (np.array(expected) >= 10**18).sum() > 1000  # epoch times, many launches
+    assert frame["launch"].tolist() == expected

@@ -215,11 +215,13 @@ def _merge(source: Path, parsed: list[tuple[RankFiles, ParsedRank]],
     ranks = pd.DataFrame([_rank_row(p, r) for p, r in parsed], columns=schema.RANKS.names)
     world = consistency.world_size(parsed, warnings)
     memory = _concat_memory(parsed)
-    events = _concat_events(parsed)
+    events = _rank_tables(parsed)
     groups: list[GroupInfo] = [g for _, r in parsed for g in r.groups]
-    group_frame, group_warnings = groups_frame(groups, events, world)
+    merged = pa.concat_tables(events or [schema.in_memory(schema.empty_events())])  # no copy
+    group_frame, group_warnings = groups_frame(groups, merged, world)
     warnings.extend(group_warnings)
-    warnings.extend(consistency.check(source, ranks, group_frame, events, world, warnings))
+    warnings.extend(consistency.check(source, ranks, group_frame, merged, world, warnings))
+    del merged  # the Trace's DataFrame drops each rank's table once copied
     return Trace(source=source, events=events_frame(events), groups=group_frame,
                  ranks=ranks.astype({"rank": "int32", "world_size": "int32", "events": "int64",
                                      "clock_base_ns": "int64", "clock_offset_ns": "int64",
@@ -227,13 +229,13 @@ def _merge(source: Path, parsed: list[tuple[RankFiles, ParsedRank]],
                  warnings=[printable(w) for w in warnings], memory=memory)
 
 
-def _concat_events(parsed: list[tuple[RankFiles, ParsedRank]]) -> pa.Table:
-    """All ranks' events in one table (chunks, no copy); the per-rank tables are let go, so the
-    conversion to pandas can free each column once copied."""
+def _rank_tables(parsed: list[tuple[RankFiles, ParsedRank]]) -> list[pa.Table]:
+    """Each rank's events, its `rank` column set; the parsed ranks let them go, so the Trace
+    holds the only reference and can drop each once copied into its DataFrame."""
     tables = [_rank_column(r.events, r.rank) for _, r in parsed]
     for _, rank in parsed:
         rank.events = None  # type: ignore[assignment]  # merged: the Trace holds the rows
-    return pa.concat_tables(tables) if tables else schema.in_memory(schema.empty_events())
+    return tables
 
 
 def _concat_memory(parsed: list[tuple[RankFiles, ParsedRank]]) -> pd.DataFrame:

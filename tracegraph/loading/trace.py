@@ -13,18 +13,54 @@ import pyarrow.parquet as pq
 from tracegraph import schema
 
 
-def events_frame(events: pa.Table) -> pd.DataFrame:
-    """An events table (`schema.IN_MEMORY_EVENTS`) as the Trace's DataFrame: string columns
-    become Categoricals of its dictionaries (unified across chunks) whose categories are Python
-    strings, so a column's values come out as shared objects at numpy speed; one block per
-    column (no consolidation copy), and each column's Arrow memory is freed once copied."""
-    frame = events.to_pandas(split_blocks=True, self_destruct=True)
-    for name, dtype in frame.dtypes.items():
-        if isinstance(dtype, pd.CategoricalDtype):
-            categories = pd.Index(np.asarray(dtype.categories, dtype=object), dtype=object)
-            frame[name] = pd.Categorical.from_codes(frame[name].cat.codes,
-                                                    dtype=pd.CategoricalDtype(categories))
+def events_frame(ranks: list[pa.Table]) -> pd.DataFrame:
+    """The ranks' events tables (`schema.IN_MEMORY_EVENTS`, often memory-mapped) as one
+    DataFrame, filled rank by rank into columns allocated once: each rank's table is let go (its
+    pages unmapped) as soon as it is copied, so the rows never exist twice over. String columns
+    become Categoricals over one set of Python strings (the ranks' dictionaries merged), whose
+    values come out as shared objects at numpy speed; one block per column."""
+    total = sum(t.num_rows for t in ranks)
+    fields = ranks[0].schema if ranks else schema.IN_MEMORY_EVENTS
+    columns = {f.name: _Column(f, total) for f in fields}
+    at = 0
+    while ranks:
+        table = ranks.pop(0)
+        for name, column in columns.items():
+            column.fill(table.column(name), at)
+        at += table.num_rows
+        del table
+    frame = pd.DataFrame({name: column.values() for name, column in columns.items()},
+                         index=pd.RangeIndex(total), copy=False)  # the arrays themselves
+    pa.default_memory_pool().release_unused()  # Arrow's allocator would keep what it freed
     return frame
+
+
+class _Column:
+    """One column of `events_frame`, filled chunk by chunk."""
+
+    def __init__(self, field: pa.Field, rows: int) -> None:
+        self.coded = pa.types.is_dictionary(field.type)
+        dtype = np.int32 if self.coded else field.type.to_pandas_dtype()
+        self.data = np.empty(rows, dtype=dtype)
+        self.codes: dict[object, int] = {}  # string -> its category number
+
+    def fill(self, chunks: pa.ChunkedArray, at: int) -> None:
+        for chunk in chunks.chunks:
+            if self.coded:
+                known = [self.codes.setdefault(v, len(self.codes))
+                         for v in chunk.dictionary.to_pylist()]
+                index = chunk.indices.fill_null(-1).to_numpy()
+                self.data[at:at + len(chunk)] = np.append(np.array(known, dtype=np.int32),
+                                                          -1)[index]
+            else:
+                self.data[at:at + len(chunk)] = chunk.to_numpy(zero_copy_only=False)
+            at += len(chunk)
+
+    def values(self) -> np.ndarray | pd.Categorical:
+        if not self.coded:
+            return self.data
+        categories = pd.Index(np.array(list(self.codes), dtype=object), dtype=object)
+        return pd.Categorical.from_codes(self.data, dtype=pd.CategoricalDtype(categories))
 
 
 @dataclass
