@@ -10,7 +10,7 @@ import typer
 
 from parsers.base import TraceError
 from parsers.text import printable
-from tracegraph.cli.common import friendly_errors, inputs_exist, load_bundle, out
+from tracegraph.cli.common import analysis_of, friendly_errors, inputs_exist, load_bundle, out
 from tracegraph.cli.options import (
     Bundle,
     CacheDir,
@@ -23,7 +23,7 @@ from tracegraph.cli.options import (
 )
 
 if TYPE_CHECKING:
-    from tracegraph.loading.trace import Trace
+    from tracegraph.analysis.analyze import Analysis
 
 
 @friendly_errors
@@ -55,17 +55,17 @@ def export_command(
         for path in trace.to_parquet(parquet):
             out.print(f"wrote {printable(str(path))}", highlight=False)
     if perfetto or chrome:
-        _export_timeline(trace, perfetto, chrome, top, threshold_ms, jobs)
+        analysis = analysis_of(trace, cache_dir, no_cache, threshold_ms)
+        _export_timeline(analysis, perfetto, chrome, top, jobs)
 
 
-def _export_timeline(trace: Trace, perfetto: Path | None, chrome: Path | None, top: int,
-                     threshold_ms: float, jobs: int | None) -> None:
+def _export_timeline(analysis: Analysis, perfetto: Path | None, chrome: Path | None, top: int,
+                     jobs: int | None) -> None:
     from reports.chrome_trace import write_chrome
     from reports.perfetto_trace import write_perfetto
     from reports.tracks import build_timeline
-    from tracegraph.analysis.analyze import analyze
 
-    timeline = build_timeline(analyze(trace, threshold_ms=threshold_ms), top=top)
+    timeline = build_timeline(analysis, top=top)
     for path, write, unit in ((perfetto, write_perfetto, "packets"),
                               (chrome, write_chrome, "trace events")):
         if path:
@@ -89,11 +89,10 @@ def graph_command(
 ) -> None:
     """Write the cross-rank dependency DAG (networkx GraphML or node-link JSON)."""
     inputs_exist(bundle)
-    from tracegraph.analysis.analyze import analyze as run_analysis
     from tracegraph.graph.export import write_graph
 
     trace = load_bundle(bundle, cache_dir, no_cache, jobs, rank_map)
-    graph = run_analysis(trace, threshold_ms=threshold_ms).graph
+    graph = analysis_of(trace, cache_dir, no_cache, threshold_ms).graph
     written = write_graph(graph, output)
     kinds = graph.edges["kind"].value_counts()
     by_kind = ", ".join(f"{n:,} {kind}" for kind, n in kinds.items() if n)

@@ -33,7 +33,14 @@ from reports.markdown import (
     verdict_line,
     violation_line,
 )
-from tracegraph.cli.common import friendly_errors, inputs_exist, load_bundle, warn
+from tracegraph.cli.common import (
+    analysis_of,
+    friendly_errors,
+    inputs_exist,
+    load_bundle,
+    print_json,
+    warn,
+)
 from tracegraph.cli.options import (
     Bundle,
     CacheDir,
@@ -142,10 +149,8 @@ class Source(NamedTuple):
     rank_map: Path | None
 
     def analysis(self, path: Path):
-        from tracegraph.analysis.analyze import analyze
-
         trace = load_bundle(path, self.cache_dir, self.no_cache, self.jobs, self.rank_map)
-        return analyze(trace, threshold_ms=self.threshold_ms)
+        return analysis_of(trace, self.cache_dir, self.no_cache, self.threshold_ms)
 
 
 class Outputs(NamedTuple):
@@ -161,7 +166,7 @@ class Outputs(NamedTuple):
             if path is not None:
                 Path(path).write_text(render(), encoding="utf-8")
         if self.as_json:
-            print(json.dumps(report, indent=2))
+            print_json(report)
         else:
             terminal(Console(), report)
 

@@ -7,7 +7,14 @@ from typing import Annotated
 
 import typer
 
-from tracegraph.cli.common import friendly_errors, inputs_exist, load_bundle, out
+from tracegraph.cli.common import (
+    analysis_of,
+    friendly_errors,
+    inputs_exist,
+    load_bundle,
+    out,
+    remember,
+)
 from tracegraph.cli.options import ThresholdMs
 
 
@@ -39,14 +46,16 @@ def _report(bundle: Path, output: Path, step: int | None, top: int, threshold_ms
     from parsers.base import TraceError
     from parsers.text import printable
     from reports.html import write_report
-    from tracegraph.analysis.analyze import analyze
     from tracegraph.analysis.pipeline import recover
 
     trace = load_bundle(bundle, cache_dir, no_cache, jobs, rank_map)
-    analysis = analyze(trace, threshold_ms=threshold_ms)
+    analysis = analysis_of(trace, cache_dir, no_cache, threshold_ms)
     try:
-        path = write_report(analysis, output, step=step, top=top, pipeline=recover(analysis))
+        pipeline = remember(trace, cache_dir, no_cache, "pipeline",
+                            {"threshold_ms": threshold_ms}, lambda: recover(analysis))
+        path = write_report(analysis, output, step=step, top=top, pipeline=pipeline)
     except ValueError as error:
         raise TraceError(f"{bundle}: {error}") from None
     size = path.stat().st_size / 2**20
     out.print(f"wrote {printable(str(path))} ({size:.1f} MB)", highlight=False)
+

@@ -7,14 +7,20 @@ take (a rank it does not hold, a pattern no op matches).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from parsers.base import TraceError
-from tracegraph.cli.common import friendly_errors, load_bundle, out
+from tracegraph.cli.common import (
+    analysis_of,
+    friendly_errors,
+    inputs_exist,
+    load_bundle,
+    out,
+    print_json,
+)
 from tracegraph.cli.options import Bundle, CacheDir, Jobs, NoCache, RankMap, ThresholdMs
 
 EXIT_REFUSED = 1
@@ -53,8 +59,8 @@ def whatif_command(
 
     @friendly_errors
     def run() -> None:
+        inputs_exist(bundle)
         from reports.whatif import print_prediction
-        from tracegraph.analysis.analyze import analyze
         from tracegraph.whatif.edits import EditError, parse_edits
         from tracegraph.whatif.engine import CycleError
         from tracegraph.whatif.predict import predict
@@ -63,7 +69,7 @@ def whatif_command(
         try:
             edits = parse_edits(fix or [], straggler or [], scale or [], remove_wait or [])
             trace = load_bundle(bundle, cache_dir, no_cache, jobs, rank_map)
-            analysis = analyze(trace, threshold_ms=threshold_ms)
+            analysis = analysis_of(trace, cache_dir, no_cache, threshold_ms)
             prediction = predict(analysis, edits, threshold_ms=threshold_ms)
         except (EditError, CycleError) as error:
             raise TraceError(f"{bundle}: {error}") from None
@@ -73,7 +79,7 @@ def whatif_command(
 
             write_report(analysis, html, top=top, prediction=prediction)
         if as_json:
-            print(json.dumps(summary, indent=2))
+            print_json(summary)
         else:
             print_prediction(out, summary)
             if html is not None:

@@ -53,6 +53,12 @@ def cache_key(fmt: str, root: str, fingerprint: str) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
+def bundle_key(keys: list[str], forced: dict[str, int]) -> str:
+    """What identifies a loaded bundle: its ranks' keys and the ranks `--rank-map` forced."""
+    text = json.dumps([sorted(keys), sorted(forced.items())])
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
 def load_cached(cache_dir: Path, key: str, notes: list[str] | None = None) -> ParsedRank | None:
     """The parsed rank stored under `key`, or None. An entry that is there but does not read
     back as one (damaged, or written by something else) is removed, said in `notes`, so that

@@ -27,7 +27,7 @@ from tracegraph import schema
 from tracegraph.loading import cache, consistency
 from tracegraph.loading.groups import groups_frame
 from tracegraph.loading.resolve import settle
-from tracegraph.loading.trace import Trace, events_frame
+from tracegraph.loading.trace import Trace
 from tracegraph.progress import Progress
 
 _WORKER_BUNDLES: dict[str, Bundle] = {}
@@ -53,12 +53,16 @@ def load(
                     for p in bundle.profiles]
         store = (cache_dir or cache.default_cache_dir()) if use_cache else None
         notes = list(bundle.warnings)
+        keys = [cache.cache_key(p.format, p.root, bundle.fingerprint(p.files.values()))
+                for p in profiles]
         with Progress("reading ranks", total=len(profiles), enabled=progress) as bar:
-            parsed = list(_parse_all(bundle, profiles, store, jobs, bar.advance, executor,
-                                     notes))
+            parsed = list(_parse_all(bundle, list(zip(profiles, keys, strict=True)), store,
+                                     jobs, bar.advance, executor, notes))
         for profile, rank in parsed:
             rank.rank = forced.get(profile.root, rank.rank)
-        return _merge(Path(printable(str(path))), parsed, profiles, notes)  # shown, not read
+        trace = _merge(Path(printable(str(path))), parsed, profiles, notes)  # shown, not read
+        trace.fingerprint = cache.bundle_key(keys, forced)
+        return trace
 
 
 def _forced_ranks(profiles: list[RankFiles], rank_map: dict[str, int]) -> dict[str, int]:
@@ -73,19 +77,17 @@ def _forced_ranks(profiles: list[RankFiles], rank_map: dict[str, int]) -> dict[s
 
 def _parse_all(
     bundle: Bundle,
-    profiles: list[RankFiles],
+    profiles: list[tuple[RankFiles, str]],
     store: Path | None,
     jobs: int | None,
     advance: Callable[[], None],
     executor: Executor | None = None,
     notes: list[str] | None = None,
 ) -> Iterator[tuple[RankFiles, ParsedRank]]:
-    """Yield (profile, parsed rank) for every profile, from the cache where possible (a cache
-    entry that does not read back is said in `notes` and parsed again)."""
+    """Yield (profile, parsed rank) for every (profile, cache key), from the cache where
+    possible (a cache entry that does not read back is said in `notes` and parsed again)."""
     todo: list[tuple[RankFiles, str]] = []
-    for profile in profiles:
-        key = cache.cache_key(profile.format, profile.root,
-                              bundle.fingerprint(profile.files.values()))
+    for profile, key in profiles:
         hit = cache.load_cached(store, key, notes) if store else None
         if hit is not None:
             advance()
@@ -222,11 +224,12 @@ def _merge(source: Path, parsed: list[tuple[RankFiles, ParsedRank]],
     warnings.extend(group_warnings)
     warnings.extend(consistency.check(source, ranks, group_frame, merged, world, warnings))
     del merged  # the Trace's DataFrame drops each rank's table once copied
-    return Trace(source=source, events=events_frame(events), groups=group_frame,
-                 ranks=ranks.astype({"rank": "int32", "world_size": "int32", "events": "int64",
-                                     "clock_base_ns": "int64", "clock_offset_ns": "int64",
-                                     "device_memory": "int64"}),
-                 warnings=[printable(w) for w in warnings], memory=memory)
+    return Trace.with_events_from(
+        events, source=source, groups=group_frame, memory=memory,
+        warnings=[printable(w) for w in warnings],
+        ranks=ranks.astype({"rank": "int32", "world_size": "int32", "events": "int64",
+                            "clock_base_ns": "int64", "clock_offset_ns": "int64",
+                            "device_memory": "int64"}))
 
 
 def _rank_tables(parsed: list[tuple[RankFiles, ParsedRank]]) -> list[pa.Table]:

@@ -8,7 +8,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from tracegraph import schema
 
@@ -67,7 +66,8 @@ class _Column:
 class Trace:
     """A loaded bundle: `events`, `groups`, `ranks` and `memory` as pandas DataFrames (schema.py
     columns; the events' strings as Categoricals; `memory` has no rows when no profile recorded
-    memory)."""
+    memory). A loaded trace builds `events` from its ranks' tables when first read
+    (`with_events_from`): a command served by cached analyses never does."""
 
     source: Path
     events: pd.DataFrame
@@ -75,6 +75,23 @@ class Trace:
     ranks: pd.DataFrame
     warnings: list[str] = field(default_factory=list)
     memory: pd.DataFrame = field(default_factory=lambda: schema.empty_memory().to_pandas())
+    fingerprint: str = ""
+    """What identifies the bundle as loaded (its ranks' cache keys, --rank-map): analyses of it
+    are cached under it; "" for a trace built otherwise, whose analyses are not."""
+
+    @classmethod
+    def with_events_from(cls, table: pa.Table, **fields: object) -> Trace:
+        """A Trace whose `events` DataFrame is `events_frame(table)`, built on first use."""
+        trace = cls(events=None, **fields)  # type: ignore[arg-type]
+        del trace.events
+        trace._events_table = table
+        return trace
+
+    def __getattr__(self, name: str) -> object:  # only reached for attributes not set
+        if name == "events" and "_events_table" in self.__dict__:
+            self.events = events_frame(self.__dict__.pop("_events_table"))
+            return self.events
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @property
     def rank_ids(self) -> list[int]:
@@ -89,6 +106,8 @@ class Trace:
     def to_parquet(self, out_dir: Path) -> list[Path]:
         """Write `events.parquet`, `groups.parquet`, `ranks.parquet` and `memory.parquet` (the
         public schema)."""
+        import pyarrow.parquet as pq
+
         out_dir.mkdir(parents=True, exist_ok=True)
         written = []
         for name, frame, arrow_schema in (
