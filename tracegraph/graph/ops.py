@@ -199,6 +199,8 @@ def _launch_times(frame: pd.DataFrame, calls: pd.DataFrame) -> np.ndarray:
     first[1:] = (rank[1:] != rank[:-1]) | (corr[1:] != corr[:-1])
     rank, corr, start = rank[first], corr[first], start[first]
     launch = np.full(len(frame), -1, dtype=np.int64)
+    if not len(rank):  # no host call carries a correlation
+        return launch
     on_device = startswith(frame["lane"], "stream ") & (frame["correlation"] >= 0).to_numpy()
     op_rank, op_corr = frame["rank"].to_numpy(), frame["correlation"].to_numpy()
     for r in np.unique(op_rank[on_device]):
