@@ -47,7 +47,7 @@ def render(analysis, *, step: int | None = None, top: int = 10, pipeline=None,
     figures: list[str] = []
     sections = []
     with Progress("report: steps drawn", total=len(steps),
-                  enabled=len(analysis.trace.events) > PROGRESS_EVENTS) as bar:
+                  enabled=analysis.trace.event_count > PROGRESS_EVENTS) as bar:
         for s in steps:
             sections.append(_step_section(analysis, s, top, pipeline, figures, len(steps),
                                           slowest.get(s)))

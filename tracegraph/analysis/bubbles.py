@@ -13,6 +13,14 @@ SAMPLED_CONFIDENCE = 0.5  # a trace whose collectives refused order matching may
 SAMPLED = "collectives could not be matched by order (sub-sampled or truncated trace?)"
 
 
+def sureness(weakest: tuple[float, str], sampled: bool) -> tuple[float, str]:
+    """A bubble's confidence and evidence: its chain's weakest link, capped for a sampled
+    trace."""
+    if sampled and weakest[0] > SAMPLED_CONFIDENCE:
+        return SAMPLED_CONFIDENCE, SAMPLED
+    return weakest
+
+
 def find_bubbles(blamer: Blamer, steps: pd.DataFrame, threshold_ns: int) -> list[Bubble]:
     """Every wait, idle gap or waiting comm op longer than the threshold on a main lane."""
     bubbles = []
@@ -71,9 +79,7 @@ def _lane_bubbles(blamer: Blamer, inside: np.ndarray, step: int, lo: int, hi: in
 
 def _bubble(blamer: Blamer, i: int, a: int, b: int, step: int, name: str, intervals) -> Bubble:
     graph = blamer.graph
-    confidence, evidence = blamer.walk.weakest
-    if graph.sampled and confidence > SAMPLED_CONFIDENCE:
-        confidence, evidence = SAMPLED_CONFIDENCE, SAMPLED
+    confidence, evidence = sureness(blamer.walk.weakest, graph.sampled)
     return Bubble(rank=int(graph.rank[i]), lane=str(graph.lane[i]), start=int(a), end=int(b),
                   name=name, step=step, intervals=intervals, op=int(i),
                   confidence=confidence, evidence=evidence)

@@ -18,30 +18,41 @@ SLOW_OP_SHARE = 0.01  # an op name is slow on a rank when its excess is this sha
 
 def slow_ranks(walk: BindingWalk, profiled_ns: int) -> set[int]:
     """Ranks whose main-lane work exceeds the other ranks' median by SLOW_RANK_FACTOR and by
-    SLOW_RANK_SHARE of the profiled time, and stands out of the ranks' spread.
+    SLOW_RANK_SHARE of the profiled time, and stands out of the ranks' spread."""
+    return slow_among(rank_work(walk), profiled_ns, on_host(walk.graph.ops))
 
-    Work is compute on a device stream; on a host thread, ops plus annotation-only stretches
-    that no other thread's op released (sleeping or Python work, not waiting)."""
+
+def rank_work(walk: BindingWalk) -> pd.Series:
+    """rank -> ns of main-lane work, for every rank with a main lane. Work is compute on a
+    device stream; on a host thread, ops plus annotation-only stretches that no other thread's
+    op released (sleeping or Python work, not waiting)."""
     graph = walk.graph
     main = graph.ops.main_lanes()
     kind = graph.kind
     working = np.isin(graph.lane_id, list(main.values())) & own_work(graph.ops.frame)
     for i in np.flatnonzero(working & (kind == schema.MARKER)):
         working[i] = walk.released_by(i) < 0  # a released annotation stretch was a wait
-    work = pd.Series(graph.end - graph.start)[working].groupby(
+    return pd.Series(graph.end - graph.start)[working].groupby(
         graph.rank[working]).sum().reindex(list(main), fill_value=0)
+
+
+def slow_among(work: pd.Series, profiled_ns: int, host: bool) -> set[int]:
+    """The slow ranks of `rank_work` (every rank's, in rank order; `host`: see `on_host`)."""
     ns = work.to_numpy()
     others = median_of_others(ns, np.zeros(len(ns), dtype=np.int64)) if len(ns) > 1 else ns
     slow = (ns > SLOW_RANK_FACTOR * others) & (ns - others > SLOW_RANK_SHARE * profiled_ns)
-    floor = HOST_SPREAD if on_host(graph.ops) else 0.0
-    return {int(r) for r in work.index[slow & _outliers(ns, floor)]}
+    return {int(r) for r in work.index[slow & _outliers(ns, HOST_SPREAD if host else 0.0)]}
 
 
 def on_host(ops: Ops) -> bool:
     """Whether every rank is seen through host threads (a CPU-only job): its work is measured
     in wall time that other processes of the host may have held the core for."""
-    main = ops.lanes[ops.lanes["main"]]
-    return bool(len(main)) and bool((main["mode"] == schema.THREAD).all())
+    return all_threads(ops.lanes.loc[ops.lanes["main"], "mode"].tolist())
+
+
+def all_threads(main_modes: list[str]) -> bool:
+    """`on_host` of the modes of every rank's main lane."""
+    return bool(main_modes) and all(mode == schema.THREAD for mode in main_modes)
 
 
 def _outliers(values: np.ndarray, floor: float = 0.0) -> np.ndarray:
@@ -69,26 +80,54 @@ def slow_ops(ops: Ops, slow: set[int], profiled_ns: int) -> np.ndarray:
     profiled time at least (every kernel of a slow GPU; an expert MLP on an overloaded EP rank;
     not the jitter of a tiny op on a busy host); an op only its own rank runs is slow when the
     whole rank is."""
+    return slow_op_mask(ops, *slow_names(name_medians(ops), slow, profiled_ns, on_host(ops)),
+                        slow)
+
+
+def name_medians(ops: Ops) -> pd.DataFrame:
+    """name, rank, median (ns), count of every op name's own-work ops on each rank."""
+    frame = ops.frame
+    names, ranks = frame["name"].to_numpy(), frame["rank"].to_numpy().astype(np.int64)
+    compute = own_work(frame) & ~pd.isna(names)  # groupby leaves out unnamed ops
+    dur = (frame["end"] - frame["start"]).to_numpy()[compute]
+    grouped = pd.Series(dur).groupby([names[compute], ranks[compute]])
+    medians = grouped.median()
+    return pd.DataFrame({"name": medians.index.get_level_values(0).to_numpy(dtype=object),
+                         "rank": medians.index.get_level_values(1).to_numpy(),
+                         "median": medians.to_numpy(), "count": grouped.size().to_numpy()})
+
+
+def slow_names(medians: pd.DataFrame, slow: set[int], profiled_ns: int, host: bool
+               ) -> tuple[set[tuple[str, int]], set[str]]:
+    """From every rank's `name_medians`: the (name, rank) pairs whose median exceeds the other
+    ranks' and stands out of the ranks' medians (slow ops; `host`: a job seen through host
+    threads, see `on_host`), and the names that run on more than one rank."""
+    name_code, uniques = pd.factorize(medians["name"].to_numpy(dtype=object))
+    rank, median = medians["rank"].to_numpy(), medians["median"].to_numpy()
+    shared = np.bincount(name_code, minlength=len(uniques)) >= 2
+    others = median_of_others(median, name_code)
+    weighty = ((median - others) * medians["count"].to_numpy() >= SLOW_OP_SHARE * profiled_ns
+               ) | np.isin(rank, list(slow))
+    standout = _outliers_by_group(median, name_code, HOST_SPREAD if host else 0.0)
+    flagged = shared[name_code] & (median > SLOW_RANK_FACTOR * others) & weighty & standout
+    return ({(str(uniques[c]), int(r)) for c, r in zip(name_code[flagged], rank[flagged],
+                                                        strict=True)},
+            {str(u) for u in uniques[shared]})
+
+
+def slow_op_mask(ops: Ops, flagged: set[tuple[str, int]], shared: set[str], slow: set[int]
+                 ) -> np.ndarray:
+    """Per op: a `slow_names` pair, or (a name no other rank runs) on a slow rank."""
     frame = ops.frame
     names, ranks = frame["name"].to_numpy(), frame["rank"].to_numpy().astype(np.int64)
     codes, uniques = pd.factorize(names, use_na_sentinel=False)
-    compute = own_work(frame) & ~pd.isna(names)  # groupby leaves out unnamed ops
-    dur = (frame["end"] - frame["start"]).to_numpy()[compute]
-    grouped = pd.Series(dur).groupby([codes[compute], ranks[compute]])
-    medians, counts = grouped.median(), grouped.size().to_numpy()
-    name_code = medians.index.get_level_values(0).to_numpy()
-    rank = medians.index.get_level_values(1).to_numpy()
-    shared = np.bincount(name_code, minlength=len(uniques)) >= 2
-    others = median_of_others(medians.to_numpy(), name_code)
-    weighty = ((medians.to_numpy() - others) * counts >= SLOW_OP_SHARE * profiled_ns) | np.isin(
-        rank, list(slow))
-    standout = _outliers_by_group(medians.to_numpy(), name_code,
-                                  HOST_SPREAD if on_host(ops) else 0.0)
-    flagged = shared[name_code] & (medians.to_numpy() > SLOW_RANK_FACTOR * others) & weighty \
-        & standout
-    span = int(ranks.max()) + 1 if len(ranks) else 1
-    hit = np.isin(codes * span + ranks, name_code[flagged] * span + rank[flagged])
-    return hit | (~shared[codes] & np.isin(ranks, list(slow)))
+    known = {name: code for code, name in enumerate(uniques)}
+    pairs = np.array([known[n] for n, _ in flagged if n in known], dtype=np.int64)
+    pair_ranks = np.array([r for n, r in flagged if n in known], dtype=np.int64)
+    span = int(max(ranks.max(initial=0), pair_ranks.max(initial=0))) + 1
+    hit = np.isin(codes * span + ranks, pairs * span + pair_ranks)
+    alone = ~np.isin(np.asarray(uniques, dtype=object), list(shared))
+    return hit | (alone[codes] & np.isin(ranks, list(slow)))
 
 
 def _outliers_by_group(values: np.ndarray, groups: np.ndarray, floor: float) -> np.ndarray:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -15,6 +14,7 @@ from tracegraph.cli.common import (
     cluster,
     friendly_errors,
     inputs_exist,
+    inventory_of,
     load_bundle,
     out,
     print_json,
@@ -45,22 +45,22 @@ def analyze_command(
 ) -> None:
     """Read every rank's profile, then explain each step's bubbles down to their root causes."""
     inputs_exist(bundle)
-    with cluster(dask, jobs) as executor:
-        trace = load_bundle(bundle, cache_dir, no_cache, jobs, rank_map, executor=executor)
-        cached = partial(remember, trace, cache_dir, no_cache)
-        analysed = partial(analysis_of, trace, cache_dir, no_cache, threshold_ms, executor)
+    with cluster(dask, jobs) as client:  # on a cluster, the analysis is read where it lies
+        trace = load_bundle(bundle, cache_dir, no_cache, jobs, rank_map, client)
+        held = partial(inventory_of, trace, cache_dir, no_cache)
+        analysed = partial(analysis_of, trace, cache_dir, no_cache, threshold_ms)
         options = {"threshold_ms": threshold_ms, "step": step, "top": top,
                    "inventory_only": inventory_only}
         if as_json:  # the JSON itself is kept: a second run reads and prints it
-            print_json(cached("summary", options, lambda: _summary(
-                bundle, trace, cached, None if inventory_only else analysed(), step, top)))
+            print_json(remember(trace, cache_dir, no_cache, "summary", options, lambda: _summary(
+                bundle, trace, held(), None if inventory_only else analysed(), step, top)))
             return
         analysis = None if inventory_only else analysed()
-        summary = cached("summary", options,
-                         lambda: _summary(bundle, trace, cached, analysis, step, top))
-    _print_inventory(summary)
-    if analysis is not None:
-        _print_analysis(summary, analysis)
+        summary = remember(trace, cache_dir, no_cache, "summary", options,
+                           lambda: _summary(bundle, trace, held(), analysis, step, top))
+        _print_inventory(summary)
+        if analysis is not None:
+            _print_analysis(summary, analysis)
 
 
 def _print_analysis(summary: dict, analysis: Analysis) -> None:
@@ -78,16 +78,14 @@ def _print_analysis(summary: dict, analysis: Analysis) -> None:
     print_ceilings(out, summary["gain_ceilings"])
 
 
-def _summary(bundle: Path, trace: Trace, cached: Callable, analysis: Analysis | None,
-             step: int | None, top: int) -> dict[str, object]:
-    """What `analyze` prints: the inventory and, with an analysis, its summary (findings, the
-    pipeline schedule, gain ceilings)."""
+def _summary(bundle: Path, trace: Trace, summary: dict[str, object],
+             analysis: Analysis | None, step: int | None, top: int) -> dict[str, object]:
+    """What `analyze` prints: the inventory (`summary`) and, with an analysis, its summary
+    (findings, the pipeline schedule, gain ceilings)."""
     from tracegraph.analysis.findings import find_all
     from tracegraph.analysis.pipeline import recover
     from tracegraph.analysis.summary import summarize
-    from tracegraph.loading.inventory import inventory
 
-    summary = cached("inventory", {}, lambda: inventory(trace))
     if analysis is not None:
         _check_step(bundle, analysis, step)
         pipeline = recover(analysis)

@@ -10,7 +10,14 @@ import typer
 
 from parsers.base import TraceError
 from parsers.text import printable
-from tracegraph.cli.common import analysis_of, friendly_errors, inputs_exist, load_bundle, out
+from tracegraph.cli.common import (
+    analysis_of,
+    cluster,
+    friendly_errors,
+    inputs_exist,
+    load_bundle,
+    out,
+)
 from tracegraph.cli.options import (
     Bundle,
     CacheDir,
@@ -50,13 +57,14 @@ def export_command(
         raise TraceError("export: name at least one of --parquet DIR, --perfetto FILE.pftrace, "
                          "--chrome FILE.json")
     inputs_exist(bundle)
-    trace = load_bundle(bundle, cache_dir, no_cache, jobs, rank_map, dask)
-    if parquet:
-        for path in trace.to_parquet(parquet):
-            out.print(f"wrote {printable(str(path))}", highlight=False)
-    if perfetto or chrome:
-        analysis = analysis_of(trace, cache_dir, no_cache, threshold_ms)
-        _export_timeline(analysis, perfetto, chrome, top, jobs)
+    with cluster(dask, jobs) as client:
+        trace = load_bundle(bundle, cache_dir, no_cache, jobs, rank_map, client)
+        if parquet:
+            for path in trace.to_parquet(parquet):
+                out.print(f"wrote {printable(str(path))}", highlight=False)
+        if perfetto or chrome:
+            analysis = analysis_of(trace, cache_dir, no_cache, threshold_ms)
+            _export_timeline(analysis, perfetto, chrome, top, jobs)
 
 
 def _export_timeline(analysis: Analysis, perfetto: Path | None, chrome: Path | None, top: int,
@@ -83,6 +91,7 @@ def graph_command(
     no_cache: NoCache = False,
     jobs: Jobs = None,
     rank_map: RankMap = None,
+    dask: Dask = None,
     threshold_ms: Annotated[float, typer.Option(
         help="Shortest stall counted a bubble (ms): the edges inferred by time are those the "
              "analysis of bubbles of this size followed.", callback=milliseconds)] = 1.0,
@@ -91,8 +100,9 @@ def graph_command(
     inputs_exist(bundle)
     from tracegraph.graph.export import write_graph
 
-    trace = load_bundle(bundle, cache_dir, no_cache, jobs, rank_map)
-    graph = analysis_of(trace, cache_dir, no_cache, threshold_ms).graph
+    with cluster(dask, jobs) as client:
+        trace = load_bundle(bundle, cache_dir, no_cache, jobs, rank_map, client)
+        graph = analysis_of(trace, cache_dir, no_cache, threshold_ms).graph
     written = write_graph(graph, output)
     kinds = graph.edges["kind"].value_counts()
     by_kind = ", ".join(f"{n:,} {kind}" for kind, n in kinds.items() if n)

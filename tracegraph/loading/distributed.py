@@ -1,24 +1,50 @@
-"""Past one machine: run the per-rank parsing and matching on a Dask cluster.
+"""Past one machine: a Dask cluster parses the ranks and keeps them.
 
-`dask_executor("local")` starts a `distributed.LocalCluster` (one single-threaded worker process
+`dask_cluster("local")` starts a `distributed.LocalCluster` (one single-threaded worker process
 per CPU); any other value is the address of a running scheduler (`tcp://host:8786`). Workers must
 see the bundle at the same path (a shared file system) unless it is a streamed archive, whose
-members are sent to them.
+members are sent to them; they read and write the rank cache themselves where they can reach it.
+
+`load_on_cluster` leaves each rank's table on the worker that parsed it: the client holds what
+the ranks state (meta, groups, warnings), what only ranks together say (gloo groups, settled from
+the ranks' comm rows) and futures of the tables; `ClusterTrace.events` gathers the tables only
+when a command needs every event (export). tracegraph.analysis.distributed analyses it there.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
 from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
-from parsers.base import TraceError
+import pyarrow as pa
+
+from parsers.base import GroupInfo, ParsedRank, TraceError
+from parsers.bundle import open_bundle
+from tracegraph import schema
+from tracegraph.loading import cache
+from tracegraph.loading.inventory import inventory_of, rank_summary
+from tracegraph.loading.loader import (
+    assembled,
+    check_ranks,
+    parse_bytes,
+    parse_in_worker,
+    profiles_of,
+    sources,
+    with_rank,
+)
+from tracegraph.loading.resolve import CommRows, comm_rows, settle_rows, unsettled, write_settled
+from tracegraph.loading.trace import Trace, events_frame
+from tracegraph.progress import Progress
 
 
 @contextmanager
-def dask_executor(address: str, workers: int | None = None) -> Iterator[Executor]:
-    """A concurrent.futures Executor backed by a Dask cluster, closed on exit."""
+def dask_cluster(address: str, workers: int | None = None) -> Iterator[Any]:
+    """A `distributed.Client` of a local cluster ("local") or of a scheduler, closed on exit."""
     try:
         from distributed import Client, LocalCluster
     except ImportError:  # pragma: no cover - depends on the install
@@ -34,8 +60,142 @@ def dask_executor(address: str, workers: int | None = None) -> Iterator[Executor
         except OSError as error:
             raise TraceError(f"--dask {address}: cannot reach the scheduler ({error})") from None
     try:
-        yield client.get_executor()
+        yield client
     finally:
         client.close()
         if cluster is not None:
             cluster.close()
+
+
+@contextmanager
+def dask_executor(address: str, workers: int | None = None) -> Iterator[Executor]:
+    """A concurrent.futures Executor backed by a Dask cluster (`dask_cluster`)."""
+    with dask_cluster(address, workers) as client:
+        yield client.get_executor()
+
+
+@dataclass
+class ClusterTrace(Trace):
+    """A Trace whose ranks' tables stay on a Dask cluster: `held` holds a future of each
+    rank's parsed profile, in rank order, on `client`."""
+
+    client: Any = None
+    held: list[Any] = field(default_factory=list)
+
+
+@dataclass
+class _Stated:
+    """What a rank's profile states, sent to the client: all but the events."""
+
+    rank: int
+    groups: list[GroupInfo]
+    meta: dict[str, object]
+    warnings: list[str]
+    rows: int
+    observed: pa.Table  # kind, group, rank of its events (one row per kind and group)
+    comm: CommRows | None  # its comm rows, when they have something to settle
+    memory: pa.Table | None  # its memory rows (schema.MEMORY): few, they travel
+
+
+def load_on_cluster(path: str | Path, client: Any, *, cache_dir: Path | None = None,
+                    use_cache: bool = True, rank_map: dict[str, int] | None = None,
+                    progress: bool = False) -> ClusterTrace:
+    """Parse every rank profile under `path` on the cluster of `client`, and keep them there."""
+    with open_bundle(path) as bundle:
+        profiles, keys, forced = profiles_of(bundle, rank_map)
+        store = (cache_dir or cache.default_cache_dir()) if use_cache else None
+        futures = {}
+        for profile, key, read in sources(bundle, list(zip(profiles, keys, strict=True))):
+            job = ((parse_in_worker, str(bundle.path), profile) if bundle.random_access
+                   else (parse_bytes, profile, read.contents))
+            futures[profile.root] = client.submit(_held, store, key, forced.get(profile.root),
+                                                  *job, pure=False)
+        stated = _gathered(client, [client.submit(_stated, futures[p.root], pure=False)
+                                    for p in profiles], progress)
+        warnings = list(bundle.warnings)
+    parsed = [(p, ParsedRank(s.rank, None, s.groups, s.meta, s.warnings,  # type: ignore[arg-type]
+                             memory=s.memory)) for p, s in zip(profiles, stated, strict=True)]
+    by_root = {p.root: s for p, s in zip(profiles, stated, strict=True)}
+    check_ranks(parsed, warnings)
+    tables = [futures[p.root] for p, _ in parsed]
+    gloo = [r for _, r in parsed if unsettled(r)]
+    comm = {r.rank: by_root[p.root].comm for p, r in parsed if unsettled(r)}
+    warnings.extend(settle_rows(gloo, comm, {r.rank for _, r in parsed}))
+    tables = [client.submit(_settled, f, comm[r.rank], pure=False) if r.rank in comm else f
+              for f, (_, r) in zip(tables, parsed, strict=True)]
+    observed = [by_root[p.root].observed for p, _ in parsed]
+    trace = assembled(ClusterTrace, Path(path), parsed, [by_root[p.root].rows for p, _ in parsed],
+                      pa.concat_tables(observed or [_observed(schema.empty_events(), -1)]),
+                      warnings, _fetch(client, tables), client=client, held=tables)
+    trace.fingerprint = cache.bundle_key(keys, forced)
+    return trace
+
+
+def inventory_on_cluster(trace: ClusterTrace) -> dict[str, object]:
+    """`inventory` of a trace on a cluster, each rank summed up where it lies."""
+    rows = trace.ranks.to_dict("records")
+    client = trace.client
+    return inventory_of(trace, client.gather([client.submit(_rank_summary, held, row, pure=False)
+                                              for held, row in zip(trace.held, rows,
+                                                                   strict=True)]))
+
+
+def _gathered(client: Any, futures: list[Any], progress: bool) -> list[Any]:
+    """The results of `futures`, in order, with a progress bar."""
+    from distributed import as_completed
+
+    with Progress("reading ranks", total=len(futures), enabled=progress) as bar:
+        for _ in as_completed(futures):
+            bar.advance()
+    return client.gather(futures)
+
+
+def _fetch(client: Any, tables: list[Any]) -> Callable[[], list[pa.Table]]:
+    """What gathers every rank's table (with its rank column) from the workers, when asked."""
+    return lambda: client.gather([client.submit(_events_of, f, pure=False) for f in tables])
+
+
+# --- on the workers ----------------------------------------------------------------------------
+def _held(store: Path | None, key: str, rank: int | None, parse: Callable[..., ParsedRank],
+          *args: object) -> ParsedRank:
+    """A rank as a worker keeps it: from the cache when it holds the entry, else parsed (and
+    stored, when the cache can be written from here); its rank as --rank-map forces it."""
+    parsed = cache.load_cached(store, key) if store is not None else None
+    if parsed is None:
+        parsed = parse(*args)
+        if store is not None:
+            try:
+                store.mkdir(parents=True, exist_ok=True)
+                cache.store(store, key, parsed)
+            except OSError:  # a worker that cannot write the client's cache parses again
+                pass
+    if rank is not None:
+        parsed.rank = rank
+    return parsed
+
+
+def _stated(parsed: ParsedRank) -> _Stated:
+    return _Stated(parsed.rank, parsed.groups, parsed.meta, parsed.warnings,
+                   parsed.events.num_rows, _observed(parsed.events, parsed.rank),
+                   comm_rows(parsed.events) if unsettled(parsed) else None, parsed.memory)
+
+
+def _observed(events: pa.Table, rank: int) -> pa.Table:
+    """The kinds and groups of a rank's events (kind, group, rank), one row each: what the
+    client checks the ranks' groups against (`consistency.check`)."""
+    pairs = schema.plain_strings(events.select(["kind", "group"])).group_by(
+        ["kind", "group"]).aggregate([])
+    return pairs.append_column("rank", pa.array([rank] * len(pairs), pa.int32()))
+
+
+def _settled(parsed: ParsedRank, comm: CommRows) -> ParsedRank:
+    return ParsedRank(parsed.rank, write_settled(parsed.events, comm), parsed.groups,
+                      parsed.meta, parsed.warnings, parsed.memory)
+
+
+def _events_of(parsed: ParsedRank) -> pa.Table:
+    return with_rank(parsed.events, parsed.rank)
+
+
+def _rank_summary(parsed: ParsedRank, row: dict[str, object]) -> dict[str, object]:
+    return rank_summary(row, events_frame([_events_of(parsed)]))

@@ -48,13 +48,9 @@ def load(
     Ranks are parsed in a local process pool, or on `executor` (e.g. a Dask cluster's, see
     tracegraph.loading.distributed) when given."""
     with open_bundle(path) as bundle:
-        forced = _forced_ranks(bundle.profiles, rank_map or {})
-        profiles = [RankFiles(p.format, p.root, p.files, forced.get(p.root, p.rank))
-                    for p in bundle.profiles]
+        profiles, keys, forced = profiles_of(bundle, rank_map)
         store = (cache_dir or cache.default_cache_dir()) if use_cache else None
         notes = list(bundle.warnings)
-        keys = [cache.cache_key(p.format, p.root, bundle.fingerprint(p.files.values()))
-                for p in profiles]
         with Progress("reading ranks", total=len(profiles), enabled=progress) as bar:
             parsed = list(_parse_all(bundle, list(zip(profiles, keys, strict=True)), store,
                                      jobs, bar.advance, executor, notes))
@@ -63,6 +59,18 @@ def load(
         trace = _merge(Path(printable(str(path))), parsed, profiles, notes)  # shown, not read
         trace.fingerprint = cache.bundle_key(keys, forced)
         return trace
+
+
+def profiles_of(bundle: Bundle, rank_map: dict[str, int] | None
+                ) -> tuple[list[RankFiles], list[str], dict[str, int]]:
+    """The bundle's profiles with the ranks --rank-map forces, their cache keys, and what was
+    forced (profile root -> rank)."""
+    forced = _forced_ranks(bundle.profiles, rank_map or {})
+    profiles = [RankFiles(p.format, p.root, p.files, forced.get(p.root, p.rank))
+                for p in bundle.profiles]
+    keys = [cache.cache_key(p.format, p.root, bundle.fingerprint(p.files.values()))
+            for p in profiles]
+    return profiles, keys, forced
 
 
 def _forced_ranks(profiles: list[RankFiles], rank_map: dict[str, int]) -> dict[str, int]:
@@ -99,7 +107,7 @@ def _parse_all(
         yield from _parse_on(executor, bundle, todo, store, advance)
         return
     if workers <= 1:
-        for profile, key, read in _sources(bundle, todo):
+        for profile, key, read in sources(bundle, todo):
             yield profile, _finish(profile, _parse(profile, read), store, key)
             advance()
         return
@@ -122,9 +130,9 @@ def _parse_on(pool: Executor, bundle: Bundle, todo: list[tuple[RankFiles, str]],
     With `handoff` (local workers), a worker writes the rank's table there as an Arrow file that
     this process memory-maps, instead of pickling it through a pipe (four copies)."""
     futures = {}
-    for profile, _key, read in _sources(bundle, todo):
-        job = ((_parse_in_worker, str(bundle.path), profile) if bundle.random_access
-               else (_parse_bytes, profile, read.contents))
+    for profile, _key, read in sources(bundle, todo):
+        job = ((parse_in_worker, str(bundle.path), profile) if bundle.random_access
+               else (parse_bytes, profile, read.contents))
         out = handoff / f"{len(futures)}.arrow" if handoff else None
         future = pool.submit(_to_file, str(out), *job) if out else pool.submit(*job)
         futures[profile.root] = (future, out)
@@ -158,7 +166,7 @@ class _Streamed:
             raise TraceError(f"{member}: missing from the archive (truncated?)") from None
 
 
-def _sources(bundle: Bundle, todo: list[tuple[RankFiles, str]]
+def sources(bundle: Bundle, todo: list[tuple[RankFiles, str]]
              ) -> Iterator[tuple[RankFiles, str, Callable[[str], bytes]]]:
     """(profile, cache key, reader) for each profile: direct reads where the bundle allows random
     access, else one streaming pass over the archive that hands out each profile once complete."""
@@ -179,14 +187,16 @@ def _sources(bundle: Bundle, todo: list[tuple[RankFiles, str]]
             yield profile, key, _Streamed(contents.pop(profile.root))
 
 
-def _parse_in_worker(bundle_path: str, profile: RankFiles) -> ParsedRank:
+def parse_in_worker(bundle_path: str, profile: RankFiles) -> ParsedRank:
+    """Parse a profile of a random-access bundle in a worker, which opens the bundle once."""
     bundle = _WORKER_BUNDLES.get(bundle_path)
     if bundle is None:
         bundle = _WORKER_BUNDLES[bundle_path] = open_bundle(bundle_path)
     return _parse(profile, bundle.read)
 
 
-def _parse_bytes(profile: RankFiles, contents: dict[str, bytes]) -> ParsedRank:
+def parse_bytes(profile: RankFiles, contents: dict[str, bytes]) -> ParsedRank:
+    """Parse a profile whose members' bytes were sent along (a streamed archive)."""
     return _parse(profile, _Streamed(contents))
 
 
@@ -210,23 +220,45 @@ def _merge(source: Path, parsed: list[tuple[RankFiles, ParsedRank]],
     and peers) is settled first; then what they must agree on is checked
     (`tracegraph.loading.consistency`). Warnings come out printable, one line each."""
     parsed = consistency.distinct_ranks(parsed, warnings)
-    for _, rank in parsed:
+    check_ranks(parsed, warnings)
+    warnings.extend(settle([r for _, r in parsed]))
+    rows = [r.events.num_rows for _, r in parsed]
+    events = _rank_tables(parsed)
+    observed = pa.concat_tables(events or [schema.in_memory(schema.empty_events())])  # no copy
+    return assembled(Trace, source, parsed, rows, observed, warnings, events)
+
+
+def check_ranks(parsed: list[tuple[RankFiles, ParsedRank]], warnings: list[str]) -> None:
+    """Refuse two profiles of one rank (`consistency.distinct_ranks` left out exact copies where
+    it could compare their events); collect the ranks' warnings; sort them by rank."""
+    seen: dict[int, str] = {}
+    for profile, rank in parsed:
+        if rank.rank in seen:
+            raise TraceError(
+                f"{profile.root}: duplicate rank {rank.rank} (also {seen[rank.rank]}); "
+                "pass --rank-map to say which is which")
+        seen[rank.rank] = profile.root
         warnings.extend(f"rank {rank.rank}: {w}" for w in rank.warnings)
     parsed.sort(key=lambda item: item[1].rank)
-    warnings.extend(settle([r for _, r in parsed]))
-    ranks = pd.DataFrame([_rank_row(p, r) for p, r in parsed], columns=schema.RANKS.names)
+
+
+def assembled(cls: type[Trace], source: Path, parsed: list[tuple[RankFiles, ParsedRank]],
+              rows: list[int], observed: pa.Table, warnings: list[str], events: object,
+              **fields: object) -> Trace:
+    """The `cls` Trace of checked and settled ranks (`rows` events each; `observed` a table with
+    the kind, group and rank columns of their events at least), what they must agree on checked
+    (`consistency.check`); its events DataFrame is built from `events` on first use
+    (`Trace.with_events_from`)."""
+    ranks = pd.DataFrame([_rank_row(p, r, n) for (p, r), n in zip(parsed, rows, strict=True)],
+                         columns=schema.RANKS.names)
     world = consistency.world_size(parsed, warnings)
-    memory = _concat_memory(parsed)
-    events = _rank_tables(parsed)
     groups: list[GroupInfo] = [g for _, r in parsed for g in r.groups]
-    merged = pa.concat_tables(events or [schema.in_memory(schema.empty_events())])  # no copy
-    group_frame, group_warnings = groups_frame(groups, merged, world)
+    group_frame, group_warnings = groups_frame(groups, observed, world)
     warnings.extend(group_warnings)
-    warnings.extend(consistency.check(source, ranks, group_frame, merged, world, warnings))
-    del merged  # the Trace's DataFrame drops each rank's table once copied
-    return Trace.with_events_from(
-        events, source=source, groups=group_frame, memory=memory,
-        warnings=[printable(w) for w in warnings],
+    warnings.extend(consistency.check(source, ranks, group_frame, observed, world, warnings))
+    return cls.with_events_from(
+        events, source=source, groups=group_frame, memory=_concat_memory(parsed),
+        warnings=[printable(w) for w in warnings], **fields,
         ranks=ranks.astype({"rank": "int32", "world_size": "int32", "events": "int64",
                             "clock_base_ns": "int64", "clock_offset_ns": "int64",
                             "device_memory": "int64"}))
@@ -235,7 +267,7 @@ def _merge(source: Path, parsed: list[tuple[RankFiles, ParsedRank]],
 def _rank_tables(parsed: list[tuple[RankFiles, ParsedRank]]) -> list[pa.Table]:
     """Each rank's events, its `rank` column set; the parsed ranks let them go, so the Trace
     holds the only reference and can drop each once copied into its DataFrame."""
-    tables = [_rank_column(r.events, r.rank) for _, r in parsed]
+    tables = [with_rank(r.events, r.rank) for _, r in parsed]
     for _, rank in parsed:
         rank.events = None  # type: ignore[assignment]  # merged: the Trace holds the rows
     return tables
@@ -243,19 +275,19 @@ def _rank_tables(parsed: list[tuple[RankFiles, ParsedRank]]) -> list[pa.Table]:
 
 def _concat_memory(parsed: list[tuple[RankFiles, ParsedRank]]) -> pd.DataFrame:
     """Every rank's memory rows (schema.MEMORY), the rank set to the profile's (mapped) one."""
-    tables = [_rank_column(r.memory, r.rank) for _, r in parsed
+    tables = [with_rank(r.memory, r.rank) for _, r in parsed
               if r.memory is not None and r.memory.num_rows]
     table = pa.concat_tables(tables) if tables else schema.empty_memory()
     return table.to_pandas(types_mapper=_arrow_strings)
 
 
-def _rank_column(events: pa.Table, rank: int) -> pa.Table:
+def with_rank(events: pa.Table, rank: int) -> pa.Table:
     """The events with `rank` set to the profile's (mapped) rank."""
     column = pa.array(np.full(events.num_rows, rank, dtype=np.int32))
     return events.set_column(events.schema.get_field_index("rank"), "rank", column)
 
 
-def _rank_row(profile: RankFiles, parsed: ParsedRank) -> dict[str, object]:
+def _rank_row(profile: RankFiles, parsed: ParsedRank, rows: int) -> dict[str, object]:
     meta = parsed.meta
     return {
         "rank": parsed.rank,
@@ -268,7 +300,7 @@ def _rank_row(profile: RankFiles, parsed: ParsedRank) -> dict[str, object]:
         "world_size": int(meta.get("world_size") or -1),
         "clock_base_ns": int(meta.get("clock_base_ns") or 0),
         "clock_offset_ns": 0,
-        "events": parsed.events.num_rows,
+        "events": rows,
         "device_memory": int(meta.get("device_memory") or schema.NO_INT),
     }
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -80,18 +81,26 @@ class Trace:
     are cached under it; "" for a trace built otherwise, whose analyses are not."""
 
     @classmethod
-    def with_events_from(cls, table: pa.Table, **fields: object) -> Trace:
-        """A Trace whose `events` DataFrame is `events_frame(table)`, built on first use."""
+    def with_events_from(cls, tables: list[pa.Table] | Callable[[], list[pa.Table]],
+                         **fields: object) -> Trace:
+        """A Trace whose `events` DataFrame is `events_frame` of its ranks' tables (or of what
+        a function returns: tables that lie elsewhere), built on first use."""
         trace = cls(events=None, **fields)  # type: ignore[arg-type]
         del trace.events
-        trace._events_table = table
+        trace._events_from = tables
         return trace
 
     def __getattr__(self, name: str) -> object:  # only reached for attributes not set
-        if name == "events" and "_events_table" in self.__dict__:
-            self.events = events_frame(self.__dict__.pop("_events_table"))
+        if name == "events" and "_events_from" in self.__dict__:
+            tables = self.__dict__.pop("_events_from")
+            self.events = events_frame(tables() if callable(tables) else tables)
             return self.events
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    @property
+    def event_count(self) -> int:
+        """Events of every rank, from `ranks` (the events themselves are not read)."""
+        return int(self.ranks["events"].sum()) if len(self.ranks) else 0
 
     @property
     def rank_ids(self) -> list[int]:
