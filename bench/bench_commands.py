@@ -41,10 +41,11 @@ def command_lines(bundle: Path, other: Path, out: Path) -> dict[str, list[str]]:
 
 
 def second_bundle(paths: list[Path], workdir: Path) -> Path:
-    """A copy of the bundle in another folder (other cache keys): `diff`'s after side."""
+    """A copy of the bundle in another folder, files of a new time (other cache keys, so
+    nothing is shared with the first): `diff`'s after side."""
     copy = workdir / "kineto-copy"
     if not copy.exists():
-        shutil.copytree(paths[0].parent, copy)
+        shutil.copytree(paths[0].parent, copy, copy_function=shutil.copyfile)
     return copy
 
 

@@ -174,3 +174,17 @@ def test_every_reading_command_runs_on_the_cluster(tmp_path: Path) -> None:
 def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "tracegraph", *args], capture_output=True,
                           text=True, timeout=600)
+
+
+def test_workers_keep_the_rank_cache(real: Path, client, tmp_path: Path) -> None:
+    """Workers store each rank they parse in the cache and read it back next time (the same
+    entries a local load makes and reads)."""
+    bundle = real / CLUSTER_BUNDLES["gloo"]
+    first = load_on_cluster(bundle, client, cache_dir=tmp_path)
+    entries = sorted(p.name for p in tmp_path.iterdir())
+    assert len(entries) == 4
+    local = tracegraph.load(bundle, cache_dir=tmp_path)  # hits: nothing new written
+    assert sorted(p.name for p in tmp_path.iterdir()) == entries
+    again = load_on_cluster(bundle, client, cache_dir=tmp_path)
+    assert again.events.equals(first.events) and again.events.equals(local.events)
+    assert again.fingerprint == first.fingerprint == local.fingerprint

@@ -149,8 +149,7 @@ class _Parts:
         self.first_op, self.first_lane, self.first_event = (
             np.concatenate([[0], np.cumsum([getattr(f, size) for f in self.facts])]
                            ).astype(np.int64) for size in ("ops", "lanes", "events"))
-        self.labels: dict[tuple[int, str], tuple[tuple, tuple]] = {}
-        self.recorded: list[tuple[int, int, str]] = []
+        self.batches: list[Any] = []  # what the walks left on the workers, in walk order
         self.reaches = 0  # walks that went on in another part
 
     def each(self, function: Any, *args: Any) -> list[Any]:
@@ -217,14 +216,13 @@ class _Parts:
                                    for f, a in zip(self.futures, args, strict=True)])
 
     def bubbles(self, steps: pd.DataFrame, threshold_ns: int, sampled: bool) -> list[Bubble]:
-        """Every part's bubbles, their walks resolved across parts and charged."""
-        found = [b for batch in self.each(_bubbles, steps, threshold_ns) for b in self._take(batch)]
-        walks = self._resolved([items for _, items in found])
-        bubbles = []
-        for (bubble, _), (pieces, weakest) in zip(found, walks, strict=True):
-            bubble.intervals = merged([self._interval(p) for p in fold_slivers(pieces)])
-            bubble.confidence, bubble.evidence = sureness(weakest, sampled)
-            bubbles.append(bubble)
+        """Every part's bubbles, their walks resolved across parts and charged (on the
+        workers: the client sees the reaches' keys and the charged bubbles only)."""
+        batches = self.submitted(_bubbles, [(steps, threshold_ns)] * len(self.futures))
+        where = self._walked(batches)
+        done = [self.client.submit(_charged, b, self._needed(b, where), sampled, pure=False)
+                for b in batches]
+        bubbles = [bubble for part in self.client.gather(done) for bubble in part]
         return sorted(bubbles, key=lambda b: -b.dur)
 
     def paths(self, steps: pd.DataFrame) -> dict[int, list[PathSegment]]:
@@ -235,26 +233,24 @@ class _Parts:
         else:
             windows = [(s, r, (a, b)) for s, r, a, b in step_windows_of_slowest(steps)]
         ends = self._lasts([(rank, window) for _, rank, window in windows])
-        asked = [(k, self.part_of(op), op, window) for k, (op, (_, _, window))
-                 in enumerate(zip(ends, windows, strict=True)) if op is not None]
-        by_part: dict[int, list] = defaultdict(list)
-        for k, part, op, window in asked:
-            by_part[part].append((k, op - int(self.first_op[part]), window))
-        items: dict[int, tuple] = {}
-        for results in self.client.gather(
-                [self.client.submit(_history, self.futures[p], asks, pure=False)
-                 for p, asks in by_part.items()]):
-            for k, stop, walked in self._take(results):
-                items[k] = (stop, walked)
-        walks = dict(zip(items, self._resolved([w for _, w in items.values()]), strict=True))
-        paths = {}
-        for k, (step, rank, window) in enumerate(windows):
-            if ends[k] is None:
-                paths[step] = no_op_path(rank, window)
-                continue
-            pieces = with_tail(walks[k][0], ends[k], items[k][0], window[1])
-            paths[step] = segments(fold_slivers(pieces), self._segment)
-        return paths
+        asks: list[list] = [[] for _ in self.futures]
+        for k, (op, (_, _, window)) in enumerate(zip(ends, windows, strict=True)):
+            if op is not None:
+                part = self.part_of(op)
+                asks[part].append((k, op, op - int(self.first_op[part]), window))
+        batches = self.submitted(_history, [(a,) for a in asks])
+        where = self._walked(batches)
+        walked = {k: segs for part in self.client.gather(
+            [self.client.submit(_segments, b, self._needed(b, where), pure=False)
+             for b in batches]) for k, segs in part.items()}
+        return {step: walked[k] if ends[k] is not None else no_op_path(rank, window)
+                for k, (step, rank, window) in enumerate(windows)}
+
+    def submitted(self, function: Any, args: list[tuple]) -> list[Any]:
+        """`function(part, *args[k])` on every part k, its results left on the workers."""
+        self.batches += [self.client.submit(function, f, *a, pure=False)
+                         for f, a in zip(self.futures, args, strict=True)]
+        return self.batches[-len(self.futures):]
 
     def _lasts(self, windows: list[tuple[int | None, tuple[int, int]]]) -> list[int | None]:
         """The op ending each rank's window (`critical_path.last_op`), over the parts."""
@@ -266,48 +262,37 @@ class _Parts:
             ends.append(max(keys)[1] if keys else None)
         return ends
 
-    def _take(self, batch: tuple[list, dict, list]) -> list:
-        """A part's answer: the labels of its pieces and the edges its walks inferred kept."""
-        answer, labels, recorded = batch
-        self.labels.update(labels)
-        self.recorded += recorded
-        return answer
-
-    def _resolved(self, walks: list[list]) -> list[tuple[list[Piece], tuple[float, str]]]:
-        """Each walk's items with every reach into another part resolved (in rounds): its
-        pieces sorted by start, as the local walk returns them, and its weakest link."""
-        done: dict[tuple, list] = {}
-        frontier = {item[1:] for items in walks for item in items if item[0] == "r"}
+    def _walked(self, batches: list[Any]) -> dict[tuple, tuple[Any, frozenset]]:
+        """Walk on, in rounds, where the walks of `batches` (left on the workers) reached
+        into other parts: reach -> (the batch that walked it, the reaches that walk left)."""
+        where: dict[tuple, tuple[Any, frozenset]] = {}
+        frontier = set().union(*self.client.gather(
+            [self.client.submit(_reaches_of, b, pure=False) for b in batches]))
         while frontier:
             by_part: dict[int, list] = defaultdict(list)
             for reach in frontier:
                 part = self.part_of(reach[0])
                 by_part[part].append((reach, reach[0] - int(self.first_op[part]), *reach[1:]))
-            answers = self.client.gather([self.client.submit(_reach, self.futures[p], asks,
-                                                             pure=False)
-                                          for p, asks in by_part.items()])
+            walked = [self.client.submit(_reach, self.futures[p], asks, pure=False)
+                      for p, asks in by_part.items()]
+            self.batches += walked
             self.reaches += len(frontier)
-            frontier = set()
-            for answer in answers:
-                for reach, items in self._take(answer):
-                    done[reach] = items
-                    frontier |= {i[1:] for i in items if i[0] == "r"} - set(done)
-        out = []
-        for items in walks:
-            pieces, links = _expanded(items, done)
-            weakest = (1.0, "")
-            for confidence, reason in links:  # BindingWalk._link: the first least sure one
-                if confidence < weakest[0]:
-                    weakest = (float(confidence), str(reason))
-            out.append((sorted(pieces, key=lambda p: p.start), weakest))
-        return out
+            for batch, left in zip(walked, self.client.gather(
+                    [self.client.submit(_reaches_left, b, pure=False) for b in walked]),
+                    strict=True):
+                where |= {reach: (batch, frozenset(more)) for reach, more in left.items()}
+            frontier = {r for _, more in where.values() for r in more} - set(where)
+        return where
 
-    def _interval(self, piece: Piece) -> Interval:
-        return Interval(piece.start, piece.end, *self.labels[(piece.op, piece.why)][0])
-
-    def _segment(self, piece: Piece) -> PathSegment:
-        rank, lane, name, kind, category, note, op = self.labels[(piece.op, piece.why)][1]
-        return PathSegment(rank, lane, name, kind, category, piece.start, piece.end, note, op)
+    def _needed(self, batch: Any, where: dict[tuple, tuple[Any, frozenset]]) -> list[Any]:
+        """The reach batches the walks of `batch` need, directly or through other reaches."""
+        pending = set(self.client.submit(_reaches_of, batch, pure=False).result())
+        seen: set[tuple] = set()
+        while pending:
+            reach = pending.pop()
+            seen.add(reach)
+            pending |= where[reach][1] - seen
+        return list({id(where[r][0]): where[r][0] for r in seen}.values())
 
     def gathered(self, trace: ClusterTrace, cross: _Cross) -> dict[str, object]:
         """The analysis' ops, matches, graph and op times, gathered from the parts."""
@@ -333,9 +318,22 @@ class _Parts:
         start = np.concatenate([d["start"] for d in details]) if n else np.zeros(0, np.int64)
         end = np.concatenate([d["end"] for d in details]) if n else np.zeros(0, np.int64)
         graph = build_graph(ops, matches, start, end, trace.groups)
-        for src, dst, kind in self.recorded:
-            graph.record(src, dst, kind)
+        for recorded in self.client.gather([self.client.submit(_recorded, b, pure=False)
+                                            for b in self.batches]):
+            for src, dst, kind in recorded:
+                graph.record(src, dst, kind)
         return {"ops": ops, "matches": matches, "graph": graph, "start": start, "end": end}
+
+
+def _walk(items: list, done: dict[tuple, list]) -> tuple[list[Piece], tuple[float, str]]:
+    """A walk's items with its reaches resolved: its pieces sorted by start, as the local walk
+    returns them, and its weakest link (BindingWalk._link: the first least sure one)."""
+    pieces, links = _expanded(items, done)
+    weakest = (1.0, "")
+    for confidence, reason in links:
+        if confidence < weakest[0]:
+            weakest = (float(confidence), str(reason))
+    return sorted(pieces, key=lambda p: p.start), weakest
 
 
 def _expanded(items: list, done: dict[tuple, list]) -> tuple[list[Piece], list[tuple]]:
@@ -489,7 +487,12 @@ def _prepare(part: _Part, groups: pd.DataFrame, slow: set[int], flagged: set, sh
     return part
 
 
-def _bubbles(part: _Part, steps: pd.DataFrame, threshold_ns: int) -> tuple[list, dict, list]:
+# A batch: what one task of walks leaves on its worker (answers, labels, inferred edges); the
+# client asks it for its reaches' keys only, and finishing tasks read it where it lies.
+Batch = tuple[list, dict, list]
+
+
+def _bubbles(part: _Part, steps: pd.DataFrame, threshold_ns: int) -> Batch:
     blamer = _blamer(part)
     bubbles = find_bubbles(blamer, steps[steps["rank"].isin(part.ranks)], threshold_ns)
     found = []
@@ -500,26 +503,76 @@ def _bubbles(part: _Part, steps: pd.DataFrame, threshold_ns: int) -> tuple[list,
     return blamer.answer(found)
 
 
+def _reaches_of(batch: Batch) -> set[tuple]:
+    """The reaches the walks of a batch left."""
+    return {item[1:] for answer in batch[0] for item in answer[-1] if item[0] == "r"}
+
+
+def _reaches_left(batch: Batch) -> dict[tuple, set[tuple]]:
+    """Per reach a `_reach` batch walked: the reaches that walk left in turn."""
+    return {reach: {i[1:] for i in items if i[0] == "r"} for reach, items in batch[0]}
+
+
+def _recorded(batch: Batch) -> list[tuple[int, int, str]]:
+    return batch[2]
+
+
+def _resolved(batch: Batch, reached: list[Batch]) -> tuple[dict[tuple, list], dict]:
+    """The walks of the reach batches, by reach, and every piece's labels."""
+    done = {reach: items for b in reached for reach, items in b[0]}
+    labels = dict(batch[1])
+    for b in reached:
+        labels |= b[1]
+    return done, labels
+
+
+def _charged(batch: Batch, reached: list[Batch], sampled: bool) -> list[Bubble]:
+    """The bubbles of a batch, their walks resolved, charged as `Blamer.intervals` does."""
+    done, labels = _resolved(batch, reached)
+    bubbles = []
+    for bubble, items in batch[0]:
+        pieces, weakest = _walk(items, done)
+        bubble.intervals = merged([Interval(p.start, p.end, *labels[(p.op, p.why)][0])
+                                   for p in fold_slivers(pieces)])
+        bubble.confidence, bubble.evidence = sureness(weakest, sampled)
+        bubbles.append(bubble)
+    return bubbles
+
+
+def _segments(batch: Batch, reached: list[Batch]) -> dict[int, list[PathSegment]]:
+    """The critical paths of a batch, their walks resolved, as `critical_path` makes them."""
+    done, labels = _resolved(batch, reached)
+
+    def segment(piece: Piece) -> PathSegment:
+        rank, lane, name, kind, category, note, op = labels[(piece.op, piece.why)][1]
+        return PathSegment(rank, lane, name, kind, category, piece.start, piece.end, note, op)
+
+    paths = {}
+    for k, ending, stop, hi, items in batch[0]:
+        pieces = with_tail(_walk(items, done)[0], ending, stop, hi)
+        paths[k] = segments(fold_slivers(pieces), segment)
+    return paths
+
+
 def _lasts(part: _Part, windows: list[tuple[int | None, tuple[int, int]]]) -> list:
     walk = _PartWalk(part)
     return [None if rank is not None and rank not in part.ranks
             else last_key(walk, rank, window) for rank, window in windows]
 
 
-def _history(part: _Part, asks: list[tuple[int, int, tuple[int, int]]]
-             ) -> tuple[list, dict, list]:
+def _history(part: _Part, asks: list[tuple[int, int, int, tuple[int, int]]]) -> Batch:
     blamer = _blamer(part)
     walk = blamer.walk
     found = []
-    for k, ending, (lo, hi) in asks:
-        stop = min(int(walk.end[ending]), hi)
-        items = walk.history(ending, lo, stop)
-        blamer.describe(Piece(ending, stop, hi, STEP_TAIL))
-        found.append((k, stop, blamer.items(items)))
+    for k, ending, local, (lo, hi) in asks:
+        stop = min(int(walk.end[local]), hi)
+        items = walk.history(local, lo, stop)
+        blamer.describe(Piece(local, stop, hi, STEP_TAIL))
+        found.append((k, ending, stop, hi, blamer.items(items)))
     return blamer.answer(found)
 
 
-def _reach(part: _Part, asks: list[tuple]) -> tuple[list, dict, list]:
+def _reach(part: _Part, asks: list[tuple]) -> Batch:
     blamer = _blamer(part)
     found = []
     for reach, local, a, b, depth in asks:
@@ -628,7 +681,7 @@ class _PartBlamer(Blamer):
                 out.append(("w", *item[1:]))
         return out
 
-    def answer(self, found: list) -> tuple[list, dict, list]:
+    def answer(self, found: list) -> Batch:
         """What a task returns: its results, the labels and the edges its walks inferred."""
         graph, first = self.part.graph, self.part.first_op
         recorded = [(s + first, d + first, k) for s, d, k in

@@ -2,8 +2,8 @@
 
 `dask_cluster("local")` starts a `distributed.LocalCluster` (one single-threaded worker process
 per CPU); any other value is the address of a running scheduler (`tcp://host:8786`). Workers must
-see the bundle at the same path (a shared file system) unless it is a streamed archive, whose
-members are sent to them; they read and write the rank cache themselves where they can reach it.
+see the bundle at the same path (a shared file system): each reads its ranks' members itself (of
+a tar archive, in one pass of its own), and reads and writes the rank cache where it can reach it.
 
 `load_on_cluster` leaves each rank's table on the worker that parsed it: the client holds what
 the ranks state (meta, groups, warnings), what only ranks together say (gloo groups, settled from
@@ -13,6 +13,7 @@ when a command needs every event (export). tracegraph.analysis.distributed analy
 
 from __future__ import annotations
 
+import operator
 import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
@@ -23,7 +24,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from parsers.base import GroupInfo, ParsedRank, TraceError
+from parsers.base import GroupInfo, ParsedRank, RankFiles, TraceError
 from parsers.bundle import open_bundle
 from tracegraph import schema
 from tracegraph.loading import cache
@@ -104,12 +105,9 @@ def load_on_cluster(path: str | Path, client: Any, *, cache_dir: Path | None = N
     with open_bundle(path) as bundle:
         profiles, keys, forced = profiles_of(bundle, rank_map)
         store = (cache_dir or cache.default_cache_dir()) if use_cache else None
-        futures = {}
-        for profile, key, read in sources(bundle, list(zip(profiles, keys, strict=True))):
-            job = ((parse_in_worker, str(bundle.path), profile) if bundle.random_access
-                   else (parse_bytes, profile, read.contents))
-            futures[profile.root] = client.submit(_held, store, key, forced.get(profile.root),
-                                                  *job, pure=False)
+        todo = [(p, key, forced.get(p.root)) for p, key in zip(profiles, keys, strict=True)]
+        futures = (_held_in_place if bundle.random_access else _held_from_archive)(
+            client, str(bundle.path), todo, store)
         stated = _gathered(client, [client.submit(_stated, futures[p.root], pure=False)
                                     for p in profiles], progress)
         warnings = list(bundle.warnings)
@@ -140,6 +138,31 @@ def inventory_on_cluster(trace: ClusterTrace) -> dict[str, object]:
                                                                    strict=True)]))
 
 
+Todo = list[tuple[RankFiles, str, int | None]]  # profile, cache key, rank --rank-map forces
+
+
+def _held_in_place(client: Any, path: str, todo: Todo, store: Path | None) -> dict[str, Any]:
+    """Profile root -> future of its rank, each read by a worker from the bundle (folder, zip)."""
+    return {p.root: client.submit(_held, store, p, key, rank, parse_in_worker, path, p,
+                                  pure=False) for p, key, rank in todo}
+
+
+def _held_from_archive(client: Any, path: str, todo: Todo, store: Path | None
+                       ) -> dict[str, Any]:
+    """Profile root -> future of its rank, from a streamed archive: a share of the ranks per
+    worker, each share read in one pass over the archive by the worker (the client never
+    holds a member)."""
+    shares = max(len(client.scheduler_info().get("workers", {})), 1)
+    futures = {}
+    for k in range(shares):
+        mine = todo[k::shares]
+        if mine:
+            share = client.submit(_held_share, store, path, mine, pure=False)
+            futures |= {p.root: client.submit(operator.getitem, share, i, pure=False)
+                        for i, (p, _, _) in enumerate(mine)}
+    return futures
+
+
 def _gathered(client: Any, futures: list[Any], progress: bool) -> list[Any]:
     """The results of `futures`, in order, with a progress bar."""
     from distributed import as_completed
@@ -156,19 +179,33 @@ def _fetch(client: Any, tables: list[Any]) -> Callable[[], list[pa.Table]]:
 
 
 # --- on the workers ----------------------------------------------------------------------------
-def _held(store: Path | None, key: str, rank: int | None, parse: Callable[..., ParsedRank],
-          *args: object) -> ParsedRank:
+def _held(store: Path | None, profile: RankFiles, key: str, rank: int | None,
+          parse: Callable[..., ParsedRank], *args: object) -> ParsedRank:
     """A rank as a worker keeps it: from the cache when it holds the entry, else parsed (and
     stored, when the cache can be written from here); its rank as --rank-map forces it."""
     parsed = cache.load_cached(store, key) if store is not None else None
-    if parsed is None:
-        parsed = parse(*args)
-        if store is not None:
-            try:
-                store.mkdir(parents=True, exist_ok=True)
-                cache.store(store, key, parsed)
-            except OSError:  # a worker that cannot write the client's cache parses again
-                pass
+    return _kept(store, key, rank, parsed if parsed is not None else parse(*args))
+
+
+def _held_share(store: Path | None, path: str, todo: Todo) -> list[ParsedRank]:
+    """`_held` of a share of a streamed archive's ranks, the uncached ones parsed in one pass."""
+    held = {p.root: cache.load_cached(store, key) if store is not None else None
+            for p, key, _ in todo}
+    missing = [(p, key) for p, key, _ in todo if held[p.root] is None]
+    if missing:
+        with open_bundle(path) as bundle:
+            for profile, _key, read in sources(bundle, missing):
+                held[profile.root] = parse_bytes(profile, read.contents)
+    return [_kept(store, key, rank, held[p.root]) for p, key, rank in todo]
+
+
+def _kept(store: Path | None, key: str, rank: int | None, parsed: ParsedRank) -> ParsedRank:
+    if store is not None and not (store / key).is_dir():
+        try:
+            store.mkdir(parents=True, exist_ok=True)
+            cache.store(store, key, parsed)
+        except OSError:  # a worker that cannot write the client's cache parses again
+            pass
     if rank is not None:
         parsed.rank = rank
     return parsed
