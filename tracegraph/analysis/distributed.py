@@ -205,20 +205,16 @@ class _Parts:
         """Each rank's steps on the aligned clock, tiled on the device work they launched."""
         markers = pd.concat([f.markers for f in self.facts], ignore_index=True)
         windows = step_windows_of_markers(markers, offsets)
-        ranks = [set(f.ranks) for f in self.facts]
-        parts = self.each_with([windows[windows["rank"].isin(r)] for r in ranks], _launched)
+        parts = self.client.gather(self.submitted(
+            _launched, [(windows[windows["rank"].isin(f.held)],) for f in self.facts]))
         steps = pd.concat(parts, ignore_index=True) if parts else windows
         return steps.sort_values(["step", "rank"], ignore_index=True)
-
-    def each_with(self, args: list[Any], function: Any) -> list[Any]:
-        """`function(part, arg)` with one argument per part."""
-        return self.client.gather([self.client.submit(function, f, a, pure=False)
-                                   for f, a in zip(self.futures, args, strict=True)])
 
     def bubbles(self, steps: pd.DataFrame, threshold_ns: int, sampled: bool) -> list[Bubble]:
         """Every part's bubbles, their walks resolved across parts and charged (on the
         workers: the client sees the reaches' keys and the charged bubbles only)."""
         batches = self.submitted(_bubbles, [(steps, threshold_ns)] * len(self.futures))
+        self.batches += batches
         where = self._walked(batches)
         done = [self.client.submit(_charged, b, self._needed(b, where), sampled, pure=False)
                 for b in batches]
@@ -239,6 +235,7 @@ class _Parts:
                 part = self.part_of(op)
                 asks[part].append((k, op, op - int(self.first_op[part]), window))
         batches = self.submitted(_history, [(a,) for a in asks])
+        self.batches += batches
         where = self._walked(batches)
         walked = {k: segs for part in self.client.gather(
             [self.client.submit(_segments, b, self._needed(b, where), pure=False)
@@ -248,9 +245,8 @@ class _Parts:
 
     def submitted(self, function: Any, args: list[tuple]) -> list[Any]:
         """`function(part, *args[k])` on every part k, its results left on the workers."""
-        self.batches += [self.client.submit(function, f, *a, pure=False)
-                         for f, a in zip(self.futures, args, strict=True)]
-        return self.batches[-len(self.futures):]
+        return [self.client.submit(function, f, *a, pure=False)
+                for f, a in zip(self.futures, args, strict=True)]
 
     def _lasts(self, windows: list[tuple[int | None, tuple[int, int]]]) -> list[int | None]:
         """The op ending each rank's window (`critical_path.last_op`), over the parts."""
@@ -396,7 +392,8 @@ class _Facts:
     ops: int
     lanes: int
     events: int
-    ranks: list[int]
+    ranks: list[int]  # those with ops
+    held: list[int]  # every rank of the part
     comm: pd.DataFrame  # _COMM_COLUMNS, `local` (op index in the part) and `posted`
     markers: pd.DataFrame  # step markers (rank, step, start_ns, dur_ns)
 
@@ -433,8 +430,8 @@ def _facts(part: _Part) -> _Facts:
     for column in ("kind", "comm", "group", "lane"):
         table[column] = table[column].astype(object)
     return _Facts(len(frame), len(part.ops.lanes), len(part.events),
-                  sorted(int(r) for r in np.unique(frame["rank"].to_numpy())), table,
-                  step_markers(part.events))
+                  sorted(int(r) for r in np.unique(frame["rank"].to_numpy())), part.ranks,
+                  table, step_markers(part.events))
 
 
 def _connect(part: _Part, cross: _CrossOf) -> _Part:
