@@ -14,6 +14,7 @@ import pytest
 import parsers
 import tracegraph
 from parsers.base import TraceError
+from tests.conftest import SAMPLES
 from tracegraph import schema
 from tracegraph.loading.inventory import inventory
 
@@ -167,3 +168,20 @@ def test_long_rank_lists_are_cut_in_warnings() -> None:
     strided = span_text(range(32, 32 * 509, 32))
     assert strided.startswith("32, 64, 96") and strided.endswith("… (508 ranks in all)")
     assert strided.count(",") == 16
+
+
+def test_inventory_counts_what_each_rank_holds(cache_dir: Path) -> None:
+    """A rank's kinds, lanes and comm ops are its own, in the order of their names (the
+    events' string coding is shared by every rank: a kind only another rank has is not
+    listed with 0)."""
+    trace = tracegraph.load(SAMPLES / "simulated/hsdp-straggler-sync-ascend.tar.gz",
+                            cache_dir=cache_dir)
+    summary = inventory(trace)
+    events = trace.events
+    for rank in summary["ranks"]:
+        mine = events[events["rank"] == rank["rank"]]
+        assert rank["kinds"] == {k: int((mine["kind"] == k).sum()) for k in rank["kinds"]}
+        assert set(rank["kinds"]) == set(mine["kind"].astype(str))
+        assert all(n > 0 for n in rank["kinds"].values())
+        comm = [(c["comm"], c["group"]) for c in rank["comm_ops"]]
+        assert comm == sorted(comm) and comm

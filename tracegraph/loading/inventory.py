@@ -43,8 +43,8 @@ def rank_summary(meta: dict[str, object], events: pd.DataFrame) -> dict[str, obj
                      comm.groupby(["comm", "group"], observed=True).size().items())
     lanes = sorted((str(k), int(n)) for k, n in
                    events.groupby("lane_kind", observed=True)["lane"].nunique().items())
-    kinds = sorted(((str(k), int(n)) for k, n in events["kind"].value_counts().items()),
-                   key=lambda kind: (-kind[1], kind[0]))
+    kinds = sorted(((str(k), int(n)) for k, n in events["kind"].value_counts().items() if n),
+                   key=lambda kind: (-kind[1], kind[0]))  # kinds of other ranks count 0 here
     return {
         "rank": int(meta["rank"]),
         "framework": meta["framework"],
