@@ -99,8 +99,11 @@ class Trace:
 
     @property
     def event_count(self) -> int:
-        """Events of every rank, from `ranks` (the events themselves are not read)."""
-        return int(self.ranks["events"].sum()) if len(self.ranks) else 0
+        """Events of every rank: from `ranks` when it counts them (a loaded trace: the events
+        themselves are not read), else the events' rows."""
+        if "events" in self.ranks:
+            return int(self.ranks["events"].sum())
+        return len(self.events)
 
     @property
     def rank_ids(self) -> list[int]:
