@@ -152,13 +152,14 @@ def test_detail_is_gathered_from_the_parts_when_read(real: Path, client) -> None
 
 
 def test_every_reading_command_runs_on_the_cluster(tmp_path: Path) -> None:
-    """`--dask local` on each command that reads a bundle; analyze prints what it prints
-    without it."""
+    """`--dask local` on each command that reads a bundle; analyze and whatif print what they
+    print without it."""
     bundle = str(SAMPLES / "gloo_pp2_dp2")
-    local = _cli("analyze", bundle, "--json", "--no-cache")
-    remote = _cli("analyze", bundle, "--json", "--no-cache", "--dask", "local", "--jobs", "2")
-    assert local.returncode == remote.returncode == 0, remote.stderr
-    assert json.loads(remote.stdout) == json.loads(local.stdout)
+    for same in (["analyze", bundle, "--json"], ["whatif", bundle, "--straggler", "1", "--json"]):
+        local = _cli(*same, "--no-cache")
+        remote = _cli(*same, "--no-cache", "--dask", "local", "--jobs", "2")
+        assert local.returncode == remote.returncode == 0, remote.stderr
+        assert json.loads(remote.stdout) == json.loads(local.stdout)
     for command, args in {"report": ["-o", str(tmp_path / "r.html")],
                           "check": ["--preset", "hsdp-async-reduction",
                                     "--allow-not-applicable"],
