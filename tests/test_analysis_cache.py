@@ -20,6 +20,9 @@ from tracegraph import snapshot
 from tracegraph.analysis import cache as analysis_cache
 from tracegraph.analysis.analyze import Analysis, analyze
 from tracegraph.analysis.critical_path import PathSegment
+from tracegraph.analysis.findings import find_all
+from tracegraph.analysis.overlap import overlap_ratios
+from tracegraph.analysis.pipeline import recover
 from tracegraph.analysis.summary import summarize
 
 BUNDLES = {
@@ -64,8 +67,16 @@ def test_a_cached_analysis_is_the_computed_one(real: Path, tmp_path: Path, name:
     assert same({k: v for k, v in vars(cached).items() if k != "trace"},
                 {k: v for k, v in vars(computed).items() if k != "trace"})
     assert cached.graph.ops is cached.ops and cached.start is cached.graph.start
-    assert summarize(cached, top=0) == summarize(computed, top=0)
+    assert _everything(cached) == _everything(computed)
     assert len(cached.bubbles) == len(computed.bubbles) and cached.bubbles
+
+
+def _everything(analysis: Analysis) -> dict[str, object]:
+    """The whole summary: bubbles, blame, paths, gain ceilings, findings, pipeline schedule and
+    the communication overlap per rank."""
+    pipeline = recover(analysis)
+    return summarize(analysis, top=0, findings=find_all(analysis, pipeline),
+                     pipeline=pipeline) | {"overlap": overlap_ratios(analysis, by_rank=True)}
 
 
 def test_the_cache_holds_whatever_the_analysis_holds(real: Path, tmp_path: Path) -> None:
@@ -152,8 +163,9 @@ def tracegraph_cli(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_every_analysing_command_reads_the_entry_analyze_wrote(tmp_path: Path) -> None:
-    """analyze writes the entry; report, check, diff and graph read it (a damaged entry is
-    what shows that they looked: each one warns); --no-cache neither reads nor writes it."""
+    """analyze writes the entry; report, check, diff, graph, whatif and export read it (a
+    damaged entry is what shows that they looked: each one warns); --no-cache neither reads
+    nor writes it."""
     bundle, cache = SAMPLES / "gloo_pp2_dp2", tmp_path / "cache"
     first = tracegraph_cli("analyze", str(bundle), "--json", "--cache-dir", str(cache))
     second = tracegraph_cli("analyze", str(bundle), "--json", "--cache-dir", str(cache))
@@ -168,7 +180,9 @@ def test_every_analysing_command_reads_the_entry_analyze_wrote(tmp_path: Path) -
     commands = {"report": ["-o", str(tmp_path / "r.html")],
                 "check": ["--preset", "hsdp-async-reduction", "--allow-not-applicable"],
                 "diff": [str(SAMPLES / "gloo_pp2_dp2_fixed"), "--fail-on-regression", "off"],
-                "graph": ["-o", str(tmp_path / "g.json")]}
+                "graph": ["-o", str(tmp_path / "g.json")],
+                "whatif": ["--straggler", "1"],
+                "export": ["--chrome", str(tmp_path / "t.json")]}
     for command, args in commands.items():
         _damage(entry, "garbage")
         run = tracegraph_cli(command, str(bundle), *args, "--cache-dir", str(cache))
