@@ -4,6 +4,7 @@ the analysis on the cluster the same answers as the local one."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 
 import tracegraph
+from parsers.base import TraceError
 from tests.conftest import REPO, SAMPLES
 from tracegraph.analysis.analyze import analyze
 from tracegraph.analysis.distributed import analyze_on_cluster
@@ -124,6 +126,25 @@ def test_the_cluster_loads_and_analyses_as_the_local_pass(real: Path, client, na
     if crossing:  # a chain ran through ranks of two parts: its walk went on in the other
         assert analysis.reaches > 0
     assert trace.events.equals(local_trace.events)  # gathered when asked
+
+
+def test_the_cluster_checks_the_ranks_as_the_local_load(tmp_path: Path, client) -> None:
+    """A copy of a rank's profile is read once with the same warning (its events compared on
+    the workers); a different profile of the same rank is the same error."""
+    bundle = tmp_path / "job"
+    shutil.copytree(SAMPLES / "gloo_pp2_dp2", bundle)
+    shutil.copy(bundle / "rank0.json", bundle / "rank0_copy.json")
+    local = tracegraph.load(bundle, use_cache=False)
+    remote = load_on_cluster(bundle, client, use_cache=False)
+    assert "rank 0: rank0_copy.json is a copy of rank0.json; read once" in remote.warnings
+    assert remote.warnings == local.warnings and remote.ranks.equals(local.ranks)
+    (bundle / "rank0_copy.json").write_text((bundle / "rank1.json").read_text().replace(
+        '"rank": 1', '"rank": 0'))
+    with pytest.raises(TraceError, match="duplicate rank 0") as local_error:
+        tracegraph.load(bundle, use_cache=False)
+    with pytest.raises(TraceError, match="duplicate rank 0") as remote_error:
+        load_on_cluster(bundle, client, use_cache=False)
+    assert str(remote_error.value) == str(local_error.value)
 
 
 def test_detail_is_gathered_from_the_parts_when_read(real: Path, client) -> None:

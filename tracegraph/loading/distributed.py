@@ -28,10 +28,11 @@ from parsers.base import GroupInfo, ParsedRank, RankFiles, TraceError
 from parsers.bundle import open_bundle
 from tracegraph import schema
 from tracegraph.loading import cache
+from tracegraph.loading.consistency import distinct_ranks
 from tracegraph.loading.inventory import inventory_of, rank_summary
 from tracegraph.loading.loader import (
     assembled,
-    check_ranks,
+    in_rank_order,
     parse_bytes,
     parse_in_worker,
     profiles_of,
@@ -114,7 +115,10 @@ def load_on_cluster(path: str | Path, client: Any, *, cache_dir: Path | None = N
     parsed = [(p, ParsedRank(s.rank, None, s.groups, s.meta, s.warnings,  # type: ignore[arg-type]
                              memory=s.memory)) for p, s in zip(profiles, stated, strict=True)]
     by_root = {p.root: s for p, s in zip(profiles, stated, strict=True)}
-    check_ranks(parsed, warnings)
+    held_by = {id(r): futures[p.root] for p, r in parsed}
+    parsed = distinct_ranks(parsed, warnings, lambda one, other: client.submit(
+        _same_events, held_by[id(one)], held_by[id(other)], pure=False).result())
+    in_rank_order(parsed, warnings)
     tables = [futures[p.root] for p, _ in parsed]
     gloo = [r for _, r in parsed if unsettled(r)]
     comm = {r.rank: by_root[p.root].comm for p, r in parsed if unsettled(r)}
@@ -223,6 +227,10 @@ def _observed(events: pa.Table, rank: int) -> pa.Table:
     pairs = schema.plain_strings(events.select(["kind", "group"])).group_by(
         ["kind", "group"]).aggregate([])
     return pairs.append_column("rank", pa.array([rank] * len(pairs), pa.int32()))
+
+
+def _same_events(one: ParsedRank, other: ParsedRank) -> bool:
+    return one.events.equals(other.events)
 
 
 def _settled(parsed: ParsedRank, comm: CommRows) -> ParsedRank:

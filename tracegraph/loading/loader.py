@@ -220,7 +220,7 @@ def _merge(source: Path, parsed: list[tuple[RankFiles, ParsedRank]],
     and peers) is settled first; then what they must agree on is checked
     (`tracegraph.loading.consistency`). Warnings come out printable, one line each."""
     parsed = consistency.distinct_ranks(parsed, warnings)
-    check_ranks(parsed, warnings)
+    in_rank_order(parsed, warnings)
     warnings.extend(settle([r for _, r in parsed]))
     rows = [r.events.num_rows for _, r in parsed]
     events = _rank_tables(parsed)
@@ -228,16 +228,10 @@ def _merge(source: Path, parsed: list[tuple[RankFiles, ParsedRank]],
     return assembled(Trace, source, parsed, rows, observed, warnings, events)
 
 
-def check_ranks(parsed: list[tuple[RankFiles, ParsedRank]], warnings: list[str]) -> None:
-    """Refuse two profiles of one rank (`consistency.distinct_ranks` left out exact copies where
-    it could compare their events); collect the ranks' warnings; sort them by rank."""
-    seen: dict[int, str] = {}
-    for profile, rank in parsed:
-        if rank.rank in seen:
-            raise TraceError(
-                f"{profile.root}: duplicate rank {rank.rank} (also {seen[rank.rank]}); "
-                "pass --rank-map to say which is which")
-        seen[rank.rank] = profile.root
+def in_rank_order(parsed: list[tuple[RankFiles, ParsedRank]], warnings: list[str]) -> None:
+    """Collect the ranks' warnings and sort them by rank (one profile each: see
+    `consistency.distinct_ranks`)."""
+    for _, rank in parsed:
         warnings.extend(f"rank {rank.rank}: {w}" for w in rank.warnings)
     parsed.sort(key=lambda item: item[1].rank)
 
