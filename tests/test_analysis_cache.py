@@ -71,6 +71,20 @@ def test_a_cached_analysis_is_the_computed_one(real: Path, tmp_path: Path, name:
     assert len(cached.bubbles) == len(computed.bubbles) and cached.bubbles
 
 
+@pytest.mark.parametrize("name", ["ep-kineto", "seed-ascend"])
+def test_cached_findings_are_the_found_ones(real: Path, tmp_path: Path, name: str) -> None:
+    """report keeps the findings beside the analysis: read back, they say what was found."""
+    store, warnings = tmp_path / "cache", []
+    trace = tracegraph.load(_bundle(real, name), cache_dir=store)
+    analysis = remembered(trace, store, warnings)
+    found = find_all(analysis, recover(analysis))
+    assert found  # the simulated causes are findings
+    keep = [trace, store, "findings", {"threshold_ms": 1.0}]
+    analysis_cache.remembered(*keep, lambda: found, warnings.append)
+    again = analysis_cache.remembered(*keep, _not_again, warnings.append)
+    assert not warnings and [f.as_dict() for f in again] == [f.as_dict() for f in found]
+
+
 def _everything(analysis: Analysis) -> dict[str, object]:
     """The whole summary: bubbles, blame, paths, gain ceilings, findings, pipeline schedule and
     the communication overlap per rank."""

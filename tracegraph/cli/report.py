@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Annotated
 
@@ -35,14 +36,18 @@ def _report(bundle: Path, output: Path, step: int | None, top: int, source: Sour
     from parsers.base import TraceError
     from parsers.text import printable
     from reports.html import write_report
+    from tracegraph.analysis.findings import find_all
     from tracegraph.analysis.pipeline import recover
 
     with source.cluster() as client:
         analysis = source.analysis(bundle, client)
         try:
-            pipeline = remember(analysis.trace, source.cache_dir, source.no_cache, "pipeline",
-                                {"threshold_ms": source.threshold_ms}, lambda: recover(analysis))
-            path = write_report(analysis, output, step=step, top=top, pipeline=pipeline)
+            kept = partial(remember, analysis.trace, source.cache_dir, source.no_cache)
+            options = {"threshold_ms": source.threshold_ms}
+            pipeline = kept("pipeline", options, lambda: recover(analysis))
+            findings = kept("findings", options, lambda: find_all(analysis, pipeline))
+            path = write_report(analysis, output, step=step, top=top, pipeline=pipeline,
+                                findings=findings)
         except ValueError as error:
             raise TraceError(f"{bundle}: {error}") from None
     size = path.stat().st_size / 2**20
