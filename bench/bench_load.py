@@ -88,31 +88,49 @@ def build_ascend(out: Path, ranks: int, megabytes: float) -> list[Path]:
 @dataclass
 class Step:
     """One measured run: wall seconds, CPU seconds (user + system) and peak RSS and PSS
-    (bytes) of the process tree, stdout."""
+    (bytes) of the process tree, stdout, and the peak RSS of the measured process alone
+    (`own`: the client, without its workers)."""
 
     wall: float
     cpu: float | None
     rss: int
     pss: int | None
     out: str
+    own: int = 0
 
 
 def measure(code: str, python: str = sys.executable, pss: bool = False) -> Step:
     """Run `code` in a fresh interpreter and sample its process tree's memory. RSS (summed over
     the processes) is cheap to sample; PSS (`pss=True`) reads smaps, which costs enough CPU on a
     2-core machine to slow the run, so it is sampled less often and in a run of its own."""
+    return measure_command([python, "-c", code], pss)
+
+
+def measure_command(argv: list[str], pss: bool = False, ok: tuple[int, ...] = (0,)) -> Step:
+    """`measure` for any command line (run in the repository, stdout captured, stderr shown);
+    exit codes other than `ok` stop the benchmark."""
     used = _children_cpu()
-    process = psutil.Popen([python, "-c", code], stdout=subprocess.PIPE, cwd=REPO)
-    peak = 0
-    start = time.perf_counter()
-    while process.poll() is None:
-        peak = max(peak, _tree_memory(process, pss))
-        time.sleep(0.1 if pss else 0.02)
-    wall, cpu = time.perf_counter() - start, _children_cpu() - used
-    if process.returncode:
-        raise SystemExit(f"benchmark step failed: {code}")
-    out = process.stdout.read().decode().strip()
-    return Step(wall, cpu, 0, peak, out) if pss else Step(wall, cpu, peak, None, out)
+    with tempfile.TemporaryFile() as stdout:  # a pipe would block a command printing much
+        process = psutil.Popen(argv, stdout=stdout, cwd=REPO)
+        peak = own = 0
+        start = time.perf_counter()
+        while process.poll() is None:
+            peak = max(peak, _tree_memory(process, pss))
+            own = max(own, _own_memory(process))
+            time.sleep(0.1 if pss else 0.05)
+        wall, cpu = time.perf_counter() - start, _children_cpu() - used
+        stdout.seek(0)
+        out = stdout.read().decode().strip()
+    if process.returncode not in ok:
+        raise SystemExit(f"benchmark step failed ({process.returncode}): {' '.join(argv)}")
+    return Step(wall, cpu, 0, peak, out, own) if pss else Step(wall, cpu, peak, None, out, own)
+
+
+def _own_memory(process: psutil.Process) -> int:
+    try:
+        return process.memory_info().rss
+    except psutil.Error:
+        return 0
 
 
 def _children_cpu() -> float:

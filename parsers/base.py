@@ -28,6 +28,12 @@ class TraceError(Exception):
     """Bad input that stops the analysis: the message names the file and what is wrong."""
 
 
+def require_exists(path: Path) -> None:
+    """TraceError unless `path` exists (cheap: the command line checks it before its imports)."""
+    if not path.exists():
+        raise TraceError(f"{path}: no such file or directory")
+
+
 @dataclass(frozen=True)
 class RankFiles:
     """The members of a bundle that hold one rank's profile."""

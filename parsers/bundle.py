@@ -14,8 +14,8 @@ from pathlib import Path
 
 from parsers import formats
 from parsers.archive import ARCHIVE_SUFFIXES, Limits, Source, open_source
-from parsers.base import Format, Found, RankFiles, Sniff, TraceError, name_rank
-from parsers.values import printable
+from parsers.base import Format, Found, RankFiles, Sniff, TraceError, name_rank, require_exists
+from parsers.text import printable
 
 Sniffs = dict[str, dict[str, Sniff]]  # member -> format name -> what its first bytes said
 
@@ -99,8 +99,7 @@ def _suffixes() -> tuple[str, ...]:
 
 
 def _check_input(path: Path) -> None:
-    if not path.exists():
-        raise TraceError(f"{path}: no such file or directory")
+    require_exists(path)
     if path.is_dir() or (path.is_file() and path.name.lower().endswith(ARCHIVE_SUFFIXES)):
         return
     if not (path.is_file() and path.name.lower().endswith(_suffixes())):

@@ -28,8 +28,6 @@ CUT_MARK = "…"
 _INT64_MAX = int(np.iinfo(np.int64).max)
 _INT32_MAX = int(np.iinfo(np.int32).max)
 _MICROS_LIMIT = 9e15  # |µs| whose ns still fit int64
-_ESCAPES = {i: f"\\x{i:02x}" for i in (*range(32), 0x7F, 0x85)} | {
-    ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t", 0x2028: "\\u2028", 0x2029: "\\u2029"}
 
 
 # --- integers ------------------------------------------------------------------------------------
@@ -172,14 +170,3 @@ def texts(values: Iterable[object], limit: int = NAME_LIMIT) -> pa.Array:
         array = pa.array([None if v is None else cut(str(v), limit) for v in values],
                          type=pa.string())
     return capped(array, limit)
-
-
-def printable(text: str) -> str:
-    """Text that prints on one line and encodes as UTF-8: control characters and line breaks
-    escaped (a newline in a file name must not split an error line), the undecodable bytes of
-    a file name (surrogate escapes) as \\xNN."""
-    try:
-        raw = text.encode("utf-8", "surrogateescape")
-    except UnicodeEncodeError:  # a lone surrogate that is no escaped byte
-        raw = text.encode("utf-8", "backslashreplace")
-    return raw.decode("utf-8", "backslashreplace").translate(_ESCAPES)

@@ -40,22 +40,25 @@ td.n { text-align: right; font-variant-numeric: tabular-nums; }
 
 
 def render(analysis, *, step: int | None = None, top: int = 10, pipeline=None,
-           prediction=None) -> str:
-    """The whole report page as a string; with a what-if `prediction`, its section too."""
+           prediction=None, findings: list | None = None) -> str:
+    """The whole report page as a string; with a what-if `prediction`, its section too.
+    `findings`: the analysis' (tracegraph.analysis.findings.find_all), found here if None."""
     steps = shown_steps(analysis, step)
     slowest = metrics.slowest_rank_bubbles(analysis)
     figures: list[str] = []
     sections = []
     with Progress("report: steps drawn", total=len(steps),
-                  enabled=len(analysis.trace.events) > PROGRESS_EVENTS) as bar:
+                  enabled=analysis.trace.event_count > PROGRESS_EVENTS) as bar:
         for s in steps:
             sections.append(_step_section(analysis, s, top, pipeline, figures, len(steps),
                                           slowest.get(s)))
             bar.advance()
     title = f"tracegraph report: {analysis.trace.source}"
-    from tracegraph.analysis.findings import find_all
+    if findings is None:
+        from tracegraph.analysis.findings import find_all
 
-    found = [f.as_dict() for f in find_all(analysis, pipeline)]
+        findings = find_all(analysis, pipeline)
+    found = [f.as_dict() for f in findings]
     body = [f"<h1>{escape(title)}</h1>", _overview(analysis, steps, pipeline),
             findings_html(found), *sections,
             *whatif_sections(prediction, figures, _figure_html), _totals(analysis, step)]
@@ -65,11 +68,11 @@ def render(analysis, *, step: int | None = None, top: int = 10, pipeline=None,
 
 
 def write_report(analysis, path: Path, *, step: int | None = None, top: int = 10,
-                 pipeline=None, prediction=None) -> Path:
-    """Write the report to `path`."""
+                 pipeline=None, prediction=None, findings: list | None = None) -> Path:
+    """Write the report to `path` (see `render`)."""
     path = Path(path)
     path.write_text(render(analysis, step=step, top=top, pipeline=pipeline,
-                           prediction=prediction), encoding="utf-8")
+                           prediction=prediction, findings=findings), encoding="utf-8")
     return path
 
 

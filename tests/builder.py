@@ -18,14 +18,13 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
 
 from parsers.base import GroupInfo
 from tracegraph import schema
 from tracegraph.graph.ops import Ops
 from tracegraph.loading.groups import groups_frame
 from tracegraph.loading.steps import STEP_NAME
-from tracegraph.loading.trace import Trace
+from tracegraph.loading.trace import Trace, events_frame
 
 NS, US, MS = 1, 1_000, 1_000_000
 _DEFAULTS = schema.STRING_DEFAULTS | schema.INT_DEFAULTS
@@ -149,11 +148,8 @@ class TraceBuilder:
         dims = {info.group: dim for info, dim in self.groups if dim}
         groups["dim"] = [dims.get(g, d) for g, d in zip(groups["group"], groups["dim"],
                                                         strict=True)]
-        events = schema.in_memory(table).to_pandas(types_mapper=_ARROW_STRINGS.get)
+        events = events_frame([schema.in_memory(table)])
         return Trace(Path(source), events, groups, _ranks(frame))
-
-
-_ARROW_STRINGS = {pa.large_string(): pd.StringDtype("pyarrow")}
 
 
 def _steps(frame: pd.DataFrame) -> np.ndarray:

@@ -41,7 +41,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from parsers.values import printable
+from parsers.text import printable
 from tests.conftest import REAL, SAMPLES
 from tracegraph.cli.app import app
 

@@ -192,7 +192,7 @@ def test_a_wait_the_host_issued_gates_the_next_launch(mi300: Analysis) -> None:
     waits = edges[edges["kind"] == "host_wait"]
     frame = mi300.ops.frame
     assert len(waits) == 24
-    assert sorted(frame.loc[waits["dst"], "lane"].value_counts().items()) == [
+    assert sorted(frame.loc[waits["dst"], "lane"].astype(str).value_counts().items()) == [
         ("stream 0", 12), ("stream 4", 12)]
     on_copy = waits[frame.loc[waits["dst"], "lane"].to_numpy() == "stream 0"]
     assert set(frame.loc[on_copy["src"], "name"].str.startswith("ncclDevKernel")) == {True}

@@ -11,6 +11,7 @@ from parsers import parse_rank
 from parsers.bundle import open_bundle
 from tracegraph import schema
 from tracegraph.loading import cache
+from tracegraph.loading.trace import events_frame
 
 GLOO = "kineto/gloo_pp2_dp2"
 
@@ -54,6 +55,25 @@ def test_warm_load_equals_cold(real: Path, cache_dir: Path) -> None:
 def test_in_memory_layout_keeps_values() -> None:
     table = schema.events_table({"name": pa.array(["a", "b"]), "start_ns": [1, 2]}, 2)
     moved = schema.in_memory(table)
-    assert pa.types.is_large_string(moved.schema.field("name").type)
+    assert moved.schema.field("name").type == schema.CODED_STRING
     assert moved.cast(schema.EVENTS).equals(table)
     assert schema.in_memory(moved) is moved
+
+
+def test_events_frame_merges_ranks_one_by_one() -> None:
+    """The Trace's DataFrame, filled rank by rank, holds what concatenating the ranks' tables
+    holds: dictionaries that differ per rank are merged, and each rank's table is let go."""
+    first = schema.events_table({"name": pa.array(["b", "a", "b"]), "start_ns": [1, 2, 3],
+                                 "lane": pa.array(["s", "s", "t"])}, 3)
+    second = schema.events_table({"name": pa.array(["c", "a"]), "start_ns": [4, 5]}, 2)
+    ranks = [schema.in_memory(first), schema.in_memory(second)]
+    expected = pa.concat_tables([first, second]).to_pandas()
+    frame = events_frame(ranks)
+    assert ranks == []  # each table was dropped once copied
+    assert frame["name"].tolist() == ["b", "a", "b", "c", "a"]
+    assert frame["lane"].tolist() == ["s", "s", "t", "", ""]
+    assert list(frame["name"].cat.categories) == ["b", "a", "c"]
+    for column in expected.columns:
+        assert frame[column].astype(expected[column].dtype).tolist() == expected[column].tolist()
+    assert (frame.dtypes[[c for c in expected if c not in schema.STRING_DEFAULTS]]
+            == expected.dtypes[[c for c in expected if c not in schema.STRING_DEFAULTS]]).all()

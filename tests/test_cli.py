@@ -66,3 +66,17 @@ def test_a_step_the_bundle_lacks_is_bad_input(cache_dir: Path) -> None:
     run = tracegraph("analyze", str(SAMPLES / "gloo_pp2_dp2"), "--step", "99", cache=cache_dir)
     assert run.returncode == 2
     assert run.stderr.strip().splitlines()[-1].endswith("no step 99; its steps: 2, 3")
+
+
+def test_check_on_groups_of_no_known_dimension(real: Path, cache_dir: Path) -> None:
+    """The real NCCL rank of HTA's negative_queue trace names groups whose dimension is not
+    stated: its communication is typed `collective`, not guessed dp, so the DP overlap check
+    says it has nothing to measure (the gate verified nothing: exit 1), not a crash."""
+    run = tracegraph("check", str(real / "kineto/hta/negative_queue_length_values_check"),
+                     "--preset", "hsdp-async-reduction", "--json", cache=cache_dir)
+    assert run.returncode == 1, run.stderr
+    report = json.loads(run.stdout)
+    overlap = next(c for c in report["checks"] if c["rule"] == "min_overlap")
+    assert overlap["status"] == "not_applicable"
+    assert overlap["summary"] == "no dp communication in this bundle's steps"
+    assert report["nothing_verified"]

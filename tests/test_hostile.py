@@ -30,6 +30,7 @@ from parsers import kineto
 from parsers.archive import Limits
 from parsers.base import TraceError
 from parsers.bundle import open_bundle
+from parsers.text import printable
 from parsers.values import (
     LABEL_LIMIT,
     NAME_LIMIT,
@@ -37,7 +38,6 @@ from parsers.values import (
     decimal_micros_to_ns,
     ints,
     micros_to_ns,
-    printable,
 )
 from tests import fuzz
 from tests.conftest import REAL

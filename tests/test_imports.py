@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import ast
 import functools
+import subprocess
+import sys
 from pathlib import Path
 
 import networkx as nx
+import pytest
 
 from tests.conftest import REPO
 
@@ -149,3 +152,87 @@ def test_the_analysis_pipeline_never_imports_the_simulator() -> None:
 def test_reports_never_import_the_cli() -> None:
     found = _offending(("reports",), ("tracegraph.cli",))
     assert not found, "\n".join(found)
+
+
+# --- start-up: what the command line imports before it has work to do ------------------------
+HEAVY = ("pandas", "numpy", "pyarrow", "scipy", "plotly", "networkx", "msgspec", "dask",
+         "distributed")
+"""Libraries that cost tenths of a second to import: only a command with work may load them."""
+
+
+def _module_level_imports(tree: ast.Module, package: str) -> list[str]:
+    """Modules `tree` imports when it is imported: its top-level statements (and `if`/`try`
+    blocks among them), not function bodies nor `if TYPE_CHECKING:` blocks."""
+    found, pending = [], list(tree.body)
+    while pending:
+        node = pending.pop()
+        if isinstance(node, ast.If):
+            pending.extend(node.orelse if _is_type_checking(node.test) else node.body + node.orelse)
+        elif isinstance(node, ast.Try):
+            pending.extend(node.body + node.orelse + node.finalbody)
+        elif isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = _absolute(node.module or "", node.level, package)
+            found += [base] + [f"{base}.{alias.name}" for alias in node.names]
+    return found
+
+
+def loaded_on_import(entry: str) -> set[str]:
+    """Every module (ours and third-party, top-level names for the latter) that importing
+    `entry` loads, following module-level imports through our packages."""
+    known = modules()
+    seen, pending, external = set(), [entry], set()
+    while pending:
+        name = pending.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        path = known[name]
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for target in _module_level_imports(ast.parse(path.read_text(), str(path)), package):
+            parts = target.split(".")
+            ours = [".".join(parts[:k]) for k in range(1, len(parts) + 1)
+                    if ".".join(parts[:k]) in known]
+            pending += ours  # a submodule's import runs its packages' __init__ too
+            if not ours:
+                external.add(parts[0])
+    return seen | external
+
+
+def test_the_command_line_imports_no_heavy_library_at_start() -> None:
+    """`tracegraph --help` and argument parsing load typer and rich only: every heavy library
+    is imported inside the command that needs it, after its inputs were checked."""
+    loaded = loaded_on_import("tracegraph.cli.app")
+    assert "tracegraph.cli.analyze" in loaded and "typer" in loaded  # the walk follows imports
+    assert not loaded & set(HEAVY), sorted(loaded & set(HEAVY))
+
+
+MISSING_INPUT_COMMANDS = [
+    ["analyze", "{missing}"],
+    ["report", "{missing}", "-o", "{tmp}/r.html"],
+    ["check", "{missing}", "--preset", "hsdp-async-reduction"],
+    ["diff", "{missing}", "{missing}"],
+    ["export", "{missing}", "--parquet", "{tmp}/tables"],
+    ["graph", "{missing}", "-o", "{tmp}/g.graphml"],
+]
+REPORT_MODULES = ("import atexit, sys\n"
+                  "atexit.register(lambda: print('LOADED', *sorted(sys.modules)))\n"
+                  "sys.argv = ['tracegraph', *sys.argv[1:]]\n"
+                  "from tracegraph.cli.app import main\n"
+                  "main()\n")
+
+
+@pytest.mark.parametrize("command", MISSING_INPUT_COMMANDS, ids=lambda c: c[0])
+def test_a_missing_input_fails_before_the_heavy_imports(command: list[str],
+                                                         tmp_path: Path) -> None:
+    """Each command that reads a bundle checks it exists before importing pandas and the
+    analysis: one line, exit 2, and none of the heavy libraries loaded."""
+    missing = tmp_path / "no-such-bundle"
+    args = [a.format(missing=missing, tmp=tmp_path) for a in command]
+    run = subprocess.run([sys.executable, "-c", REPORT_MODULES, *args], capture_output=True,
+                         text=True, timeout=120, cwd=REPO)
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.strip() == f"error: {missing}: no such file or directory"
+    loaded = {m.split(".")[0] for m in run.stdout.split("LOADED", 1)[1].split()}
+    assert not loaded & set(HEAVY), sorted(loaded & set(HEAVY))

@@ -7,12 +7,14 @@ import shutil
 import tarfile
 from pathlib import Path
 
+import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
 import parsers
 import tracegraph
 from parsers.base import TraceError
+from tests.conftest import SAMPLES
 from tracegraph import schema
 from tracegraph.loading.inventory import inventory
 
@@ -65,10 +67,29 @@ def test_export_writes_the_public_schema(real: Path, tmp_path: Path, cache_dir: 
     memory = pq.read_table(tmp_path / "out" / "memory.parquet")
     assert memory.schema.names == schema.MEMORY.names and memory.num_rows == 0  # none recorded
     events = pq.read_table(tmp_path / "out" / "events.parquet")
-    assert events.schema.names == schema.EVENTS.names
+    assert events.schema.equals(schema.EVENTS)  # plain strings, whatever the trace holds
     assert events.num_rows == len(trace.events)
     ranks = pq.read_table(tmp_path / "out" / "ranks.parquet").to_pandas()
     assert ranks["events"].sum() == len(trace.events)
+
+
+def test_event_strings_are_held_once_per_distinct_value(real: Path, cache_dir: Path) -> None:
+    """Every string column of the events is a Categorical over Python strings: a value used by
+    many rows is one object (codes of 2 bytes or less a row here), and reads back as it is."""
+    trace = tracegraph.load(real / GLOO, cache_dir=cache_dir)
+    events = trace.events
+    for name in schema.STRING_DEFAULTS:
+        column = events[name]
+        assert isinstance(column.dtype, pd.CategoricalDtype), name
+        assert column.cat.categories.dtype == object, name
+        assert column.cat.codes.dtype.itemsize <= 2, name
+        values = column.to_numpy()
+        first = {}
+        assert all(first.setdefault(v, v) is v for v in values), name  # shared objects
+    kinds = events["kind"].to_numpy()
+    assert set(kinds) <= set(schema.KINDS) and (kinds == schema.HOST).sum() > 0
+    per_event = events.memory_usage(deep=True).sum() / len(events)
+    assert per_event < 120, per_event  # 13 integer columns (84 bytes) and 10 small codes
 
 
 def test_second_load_comes_from_the_cache(real: Path, cache_dir: Path, monkeypatch) -> None:
@@ -147,3 +168,20 @@ def test_long_rank_lists_are_cut_in_warnings() -> None:
     strided = span_text(range(32, 32 * 509, 32))
     assert strided.startswith("32, 64, 96") and strided.endswith("… (508 ranks in all)")
     assert strided.count(",") == 16
+
+
+def test_inventory_counts_what_each_rank_holds(cache_dir: Path) -> None:
+    """A rank's kinds, lanes and comm ops are its own, in the order of their names (the
+    events' string coding is shared by every rank: a kind only another rank has is not
+    listed with 0)."""
+    trace = tracegraph.load(SAMPLES / "simulated/hsdp-straggler-sync-ascend.tar.gz",
+                            cache_dir=cache_dir)
+    summary = inventory(trace)
+    events = trace.events
+    for rank in summary["ranks"]:
+        mine = events[events["rank"] == rank["rank"]]
+        assert rank["kinds"] == {k: int((mine["kind"] == k).sum()) for k in rank["kinds"]}
+        assert set(rank["kinds"]) == set(mine["kind"].astype(str))
+        assert all(n > 0 for n in rank["kinds"].values())
+        comm = [(c["comm"], c["group"]) for c in rank["comm_ops"]]
+        assert comm == sorted(comm) and comm

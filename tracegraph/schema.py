@@ -142,11 +142,12 @@ def empty_events() -> pa.Table:
     return EVENTS.empty_table()
 
 
+CODED_STRING = pa.dictionary(pa.int32(), pa.string())
 IN_MEMORY_EVENTS = pa.schema(
-    [pa.field(f.name, pa.large_string()) if pa.types.is_string(f.type) else f for f in EVENTS])
-"""EVENTS as loaded ranks travel and are cached: strings as `large_string`, the layout of pandas'
-Arrow-backed strings, so the DataFrame takes them without a copy. Same values and dtypes in
-pandas; `export` writes EVENTS."""
+    [pa.field(f.name, CODED_STRING) if pa.types.is_string(f.type) else f for f in EVENTS])
+"""EVENTS as loaded ranks travel, are cached and become the `Trace`'s DataFrame: every string
+column dictionary-coded (4 bytes a row and each distinct value once: lanes, kinds, op names and
+groups repeat), which pandas holds as a Categorical. Same values; `export` writes EVENTS."""
 
 
 def in_memory(table: pa.Table) -> pa.Table:
@@ -162,6 +163,11 @@ def empty_memory() -> pa.Table:
 def memory_table(columns: dict[str, object], rows: int) -> pa.Table:
     """Build a memory table from column arrays, filling absent columns with their defaults."""
     return _table(MEMORY, columns, rows)
+
+
+def plain_strings(table: pa.Table) -> pa.Table:
+    """Some columns of an IN_MEMORY_EVENTS table with their strings decoded (to edit them)."""
+    return table.cast(pa.schema([EVENTS.field(name) for name in table.column_names]))
 
 
 def events_table(columns: dict[str, object], rows: int) -> pa.Table:

@@ -113,7 +113,11 @@ def analyze(trace: Trace, *, threshold_ms: float = 1.0, executor: Executor | Non
 
 def step_windows(events: pd.DataFrame, offsets: dict[int, int]) -> pd.DataFrame:
     """rank, step, start, end of every `ProfilerStep#N` on the aligned clock."""
-    markers = step_markers(events)
+    return step_windows_of_markers(step_markers(events), offsets)
+
+
+def step_windows_of_markers(markers: pd.DataFrame, offsets: dict[int, int]) -> pd.DataFrame:
+    """`step_windows` of the ranks' `step_markers`."""
     start = markers["start_ns"] - markers["rank"].map(offsets).fillna(0).astype("int64")
     steps = pd.DataFrame({"rank": markers["rank"], "step": markers["step"], "start": start,
                           "end": start + markers["dur_ns"]})

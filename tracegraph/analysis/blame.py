@@ -113,17 +113,18 @@ class Blamer:
     """Charges the pieces of binding walks to root causes: bubbles' intervals, path categories."""
 
     def __init__(self, walk: BindingWalk, groups: pd.DataFrame,
-                 slow_op: np.ndarray | None = None) -> None:
+                 slow_op: np.ndarray | None = None, pipelined: bool | None = None) -> None:
         graph = walk.graph
         self.walk, self.graph = walk, graph
         self.slow_op = slow_op if slow_op is not None else np.zeros(len(graph), dtype=bool)
         self.comm_category = comm_categories(graph.ops.frame, groups)
-        self.idle_compute = causes.PIPELINE_FILL if _pipelined(graph.ops.frame, groups) \
-            else causes.PEER_COMPUTE
+        if pipelined is None:  # given when the graph holds part of the job's ranks
+            pipelined = pipelined_job(graph.ops.frame, groups)
+        self.idle_compute = causes.PIPELINE_FILL if pipelined else causes.PEER_COMPUTE
         """what waiting on compute that no straggler did is: a pipeline's dependency, or, in a
         job without one, a peer's normal variation (the rank's own compute, when it is its)"""
         self.comm_call = comm_calls(graph.ops.frame)
-        self.labels = group_labels(groups) if len(groups) else {}
+        self.group_names = group_labels(groups) if len(groups) else {}
 
     def blocked(self, i: int, a: int, b: int) -> list[Interval]:
         """Explain [a, b] inside blocking op `i` (a wait, a P2P half, a collective member)."""
@@ -140,7 +141,7 @@ class Blamer:
     def intervals(self, pieces: list[Piece], rank: int | None = None) -> list[Interval]:
         """Pieces as charged intervals of a stretch of `rank`: slivers folded, neighbours of
         one cause joined."""
-        return _merge([self._interval(p, rank) for p in walk.fold_slivers(pieces)])
+        return merged([self._interval(p, rank) for p in walk.fold_slivers(pieces)])
 
     def category(self, piece: Piece, rank: int | None = None) -> str:
         """The root cause a piece of a walk explaining a stretch of `rank` is charged to."""
@@ -167,15 +168,15 @@ class Blamer:
         elif piece.why == walk.WAITING and graph.unprofiled[op]:
             group = str(graph.group[op])
             note = (f"waits on the {graph.unprofiled[op]} members of group "
-                    f"{self.labels.get(group, group)} absent from the bundle: a late one, or the "
-                    "transfer itself")
+                    f"{self.group_names.get(group, group)} absent from the bundle: a late one, or "
+                    "the transfer itself")
         elif piece.why == walk.WAITING:
             note = UNMATCHED
         return Interval(piece.start, piece.end, self.category(piece, rank), int(graph.rank[op]),
                         str(graph.lane[op]), str(graph.name[op]), note, group, op)
 
 
-def _merge(pieces: list[Interval]) -> list[Interval]:
+def merged(pieces: list[Interval]) -> list[Interval]:
     """Sorted intervals with adjacent pieces of the same category, rank and lane joined (not
     across groups with members absent: two groups, two places to look)."""
     merged: list[Interval] = []
@@ -213,7 +214,7 @@ def comm_categories(frame: pd.DataFrame, groups: pd.DataFrame) -> np.ndarray:
     return out
 
 
-def _pipelined(frame: pd.DataFrame, groups: pd.DataFrame) -> bool:
+def pipelined_job(frame: pd.DataFrame, groups: pd.DataFrame) -> bool:
     """Whether the job has pipeline parallelism: a pp group, or P2P ops naming their peer."""
     if len(groups) and (groups["dim"] == "pp").any():
         return True

@@ -6,13 +6,27 @@ import numpy as np
 import pandas as pd
 
 from tracegraph import schema
-from tracegraph.analysis.blame import Blamer, Bubble
+from tracegraph.analysis.blame import Blamer, Bubble, Interval
 from tracegraph.graph.depgraph import DepGraph
 
 SAMPLED_CONFIDENCE = 0.5  # a trace whose collectives refused order matching may miss events
 SAMPLED = "collectives could not be matched by order (sub-sampled or truncated trace?)"
 INCOMPLETE_CONFIDENCE = 0.2  # a chain through a rank whose parser knows it misses events:
 # below every link's, so that is the weakest link said
+
+
+def sureness(weakest: tuple[float, str], sampled: bool, incomplete: dict[int, str],
+             ranks: set[int]) -> tuple[float, str]:
+    """A bubble's confidence and evidence: its chain's weakest link, capped for a sampled
+    trace and for a chain through `ranks` whose parser knows it misses events (`incomplete`)."""
+    confidence, evidence = weakest
+    if sampled and confidence > SAMPLED_CONFIDENCE:
+        confidence, evidence = SAMPLED_CONFIDENCE, SAMPLED
+    missing = sorted(ranks & set(incomplete))
+    if missing and confidence > INCOMPLETE_CONFIDENCE:
+        confidence = INCOMPLETE_CONFIDENCE
+        evidence = f"rank {missing[0]}'s profile misses events ({incomplete[missing[0]]})"
+    return confidence, evidence
 
 
 def find_bubbles(blamer: Blamer, steps: pd.DataFrame, threshold_ns: int) -> list[Bubble]:
@@ -73,13 +87,8 @@ def _lane_bubbles(blamer: Blamer, inside: np.ndarray, step: int, lo: int, hi: in
 
 def _bubble(blamer: Blamer, i: int, a: int, b: int, step: int, name: str, intervals) -> Bubble:
     graph = blamer.graph
-    confidence, evidence = blamer.walk.weakest
-    if graph.sampled and confidence > SAMPLED_CONFIDENCE:
-        confidence, evidence = SAMPLED_CONFIDENCE, SAMPLED
-    missing = sorted(({int(graph.rank[i])} | {p.rank for p in intervals}) & set(graph.incomplete))
-    if missing and confidence > INCOMPLETE_CONFIDENCE:
-        confidence = INCOMPLETE_CONFIDENCE
-        evidence = f"rank {missing[0]}'s profile misses events ({graph.incomplete[missing[0]]})"
+    ranks = {int(graph.rank[i])} | {p.rank for p in intervals if isinstance(p, Interval)}
+    confidence, evidence = sureness(blamer.walk.weakest, graph.sampled, graph.incomplete, ranks)
     return Bubble(rank=int(graph.rank[i]), lane=str(graph.lane[i]), start=int(a), end=int(b),
                   name=name, step=step, intervals=intervals, op=int(i),
                   confidence=confidence, evidence=evidence)

@@ -42,14 +42,20 @@ class Peers:
 def find_peers(ops: Ops, groups: pd.DataFrame, incomplete: dict[int, str]) -> Peers:
     """The classes of measured ranks (their main lane holds compute and their profile is not
     known to miss events) that run the same program, and why each other rank is not judged."""
-    mix = op_mix(ops)
+    return peers_of(op_mix(ops), set(ops.frame["rank"].unique().tolist()), groups, incomplete)
+
+
+def peers_of(mix: pd.DataFrame, present: set[int], groups: pd.DataFrame,
+             incomplete: dict[int, str]) -> Peers:
+    """`find_peers` from the ranks' `op_mix` (gathered from parts on a cluster) and the ranks
+    that hold ops at all."""
     complete = [r for r in mix.index if int(r) not in incomplete]
     classes = _classes(mix.loc[complete], _replica_links(groups, set(complete)))
     sizes = pd.Series(classes).value_counts()
     unjudged = {r: f"its profile misses events: {why}" for r, why in incomplete.items()}
-    if ops.frame["rank"].nunique() > 1:
+    if len(present) > 1:
         for rank in (r for r in complete if sizes[classes[r]] == 1):
-            unjudged[rank] = _no_peer(rank, ops, groups, classes, incomplete)
+            unjudged[rank] = _no_peer(rank, present, groups, classes, incomplete)
     return Peers(classes={r: c for r, c in classes.items() if sizes[c] > 1},
                  unjudged=dict(sorted(unjudged.items())))
 
@@ -109,13 +115,12 @@ def _dp_groups(groups: pd.DataFrame) -> list:
     return list(groups.loc[groups["dim"] == "dp", "ranks"]) if len(groups) else []
 
 
-def _no_peer(rank: int, ops: Ops, groups: pd.DataFrame, classes: dict[int, int],
+def _no_peer(rank: int, present: set[int], groups: pd.DataFrame, classes: dict[int, int],
              incomplete: dict[int, str]) -> str:
     """Why `rank`, alone in its class, is not judged: its replicas' compute is not in the
     profile, else no rank runs its program."""
     replicas = sorted({int(r) for ranks in _dp_groups(groups) if rank in set(ranks)
                        for r in ranks} - {rank})
-    present = set(ops.frame["rank"].unique().tolist())
     unseen = [f"rank {r} " + ("misses events" if r in incomplete else "holds no compute"
                               if r in present else "is not in the bundle")
               for r in replicas if r not in classes]

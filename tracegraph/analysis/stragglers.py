@@ -21,23 +21,33 @@ SPREAD_MIN = 4  # values a group needs to tell its own spread
 def slow_ranks(walk: BindingWalk, profiled_ns: int, peers: Peers) -> set[int]:
     """Ranks whose main-lane work exceeds the median of their peers' (the ranks doing the same
     work, peers.py) by SLOW_RANK_FACTOR and by SLOW_RANK_SHARE of the profiled time, and stands
-    out of their spread. A rank without peers is never named.
+    out of their spread. A rank without peers is never named."""
+    return slow_among(rank_work(walk), profiled_ns, on_host(walk.graph.ops), peers)
 
-    Work is compute on a device stream; on a host thread, ops plus annotation-only stretches
-    that no other thread's op released (sleeping or Python work, not waiting)."""
+
+def rank_work(walk: BindingWalk) -> pd.Series:
+    """rank -> ns of main-lane work, for every rank with a main lane. Work is compute on a
+    device stream; on a host thread, ops plus annotation-only stretches that no other thread's
+    op released (sleeping or Python work, not waiting)."""
     graph = walk.graph
-    main = {r: lane for r, lane in graph.ops.main_lanes().items() if r in peers.classes}
+    main = graph.ops.main_lanes()
     kind = graph.kind
     working = np.isin(graph.lane_id, list(main.values())) & own_work(graph.ops.frame)
     for i in np.flatnonzero(working & (kind == schema.MARKER)):
         working[i] = walk.released_by(i) < 0  # a released annotation stretch was a wait
-    work = pd.Series(graph.end - graph.start)[working].groupby(
+    return pd.Series(graph.end - graph.start)[working].groupby(
         graph.rank[working]).sum().reindex(list(main), fill_value=0)
+
+
+def slow_among(work: pd.Series, profiled_ns: int, host: bool, peers: Peers) -> set[int]:
+    """The slow ranks of `rank_work` (every rank's; `host`: see `on_host`), each judged
+    against its peers."""
+    work = work[work.index.isin(list(peers.classes))]
     ns = work.to_numpy()
     cls = np.array([peers.classes[r] for r in work.index], dtype=np.int64)
     others = median_of_others(ns, cls)
     slow = (ns > SLOW_RANK_FACTOR * others) & (ns - others > SLOW_RANK_SHARE * profiled_ns)
-    floor = HOST_SPREAD if on_host(graph.ops) else 0.0
+    floor = HOST_SPREAD if host else 0.0
     standout = _outliers_by_group(ns, cls, floor)
     small = small_groups(cls)
     standout[small] = _outliers_among_groups(ns, cls, floor)[small]
@@ -47,8 +57,12 @@ def slow_ranks(walk: BindingWalk, profiled_ns: int, peers: Peers) -> set[int]:
 def on_host(ops: Ops) -> bool:
     """Whether every rank is seen through host threads (a CPU-only job): its work is measured
     in wall time that other processes of the host may have held the core for."""
-    main = ops.lanes[ops.lanes["main"]]
-    return bool(len(main)) and bool((main["mode"] == schema.THREAD).all())
+    return all_threads(ops.lanes.loc[ops.lanes["main"], "mode"].tolist())
+
+
+def all_threads(main_modes: list[str]) -> bool:
+    """`on_host` of the modes of every rank's main lane."""
+    return bool(main_modes) and all(mode == schema.THREAD for mode in main_modes)
 
 
 def own_work(frame: pd.DataFrame) -> np.ndarray:
@@ -67,29 +81,60 @@ def slow_ops(ops: Ops, slow: set[int], profiled_ns: int, peers: Peers) -> np.nda
     overloaded EP rank; not the jitter of a tiny op on a busy host). With fewer than SPREAD_MIN
     peers an op's noise cannot be told: only a slow rank's ops are slow. An op only its own rank
     runs is slow when the whole rank is; ops of ranks without peers never are."""
+    flagged, shared = slow_names(name_medians(ops), slow, profiled_ns, on_host(ops), peers)
+    return slow_op_mask(ops, flagged, shared, slow, peers)
+
+
+def name_medians(ops: Ops) -> pd.DataFrame:
+    """name, rank, median (ns), count of every op name's own-work ops on each rank."""
     frame = ops.frame
     names, ranks = frame["name"].to_numpy(), frame["rank"].to_numpy().astype(np.int64)
-    cls = pd.Series(ranks).map(peers.classes).fillna(-1).to_numpy(dtype=np.int64)
-    codes, uniques = pd.factorize(pd.MultiIndex.from_arrays([names, cls]), use_na_sentinel=False)
-    compute = own_work(frame) & ~pd.isna(names) & (cls >= 0)  # groupby leaves out unnamed ops
+    compute = own_work(frame) & ~pd.isna(names)  # groupby leaves out unnamed ops
     dur = (frame["end"] - frame["start"]).to_numpy()[compute]
-    grouped = pd.Series(dur).groupby([codes[compute], ranks[compute]])
-    medians, counts = grouped.median(), grouped.size().to_numpy()
-    name_code = medians.index.get_level_values(0).to_numpy()
-    rank = medians.index.get_level_values(1).to_numpy()
-    shared = np.bincount(name_code, minlength=len(uniques)) >= 2
-    others = median_of_others(medians.to_numpy(), name_code)
-    weighty = ((medians.to_numpy() - others) * counts >= SLOW_OP_SHARE * profiled_ns) | np.isin(
-        rank, list(slow))
-    standout = _outliers_by_group(medians.to_numpy(), name_code,
-                                  HOST_SPREAD if on_host(ops) else 0.0)
-    small = small_groups(name_code)  # two or three peers cannot tell an op's noise: only a
+    grouped = pd.Series(dur).groupby([names[compute], ranks[compute]])
+    medians = grouped.median()
+    return pd.DataFrame({"name": medians.index.get_level_values(0).to_numpy(dtype=object),
+                         "rank": medians.index.get_level_values(1).to_numpy(),
+                         "median": medians.to_numpy(), "count": grouped.size().to_numpy()})
+
+
+def slow_names(medians: pd.DataFrame, slow: set[int], profiled_ns: int, host: bool,
+               peers: Peers) -> tuple[set[tuple[str, int]], set[tuple[str, int]]]:
+    """From every rank's `name_medians`: the (name, rank) pairs whose median exceeds their
+    peers' and stands out of the peers' medians (slow ops; `host`: a job seen through host
+    threads, see `on_host`), and the (name, class) pairs that more than one peer runs."""
+    cls = medians["rank"].map(peers.classes)
+    medians = medians[cls.notna().to_numpy()]
+    cls = cls.dropna().to_numpy(dtype=np.int64)
+    names = medians["name"].to_numpy(dtype=object)
+    codes, uniques = pd.factorize(pd.MultiIndex.from_arrays([names, cls]))
+    rank, median = medians["rank"].to_numpy(), medians["median"].to_numpy()
+    shared = np.bincount(codes, minlength=len(uniques)) >= 2
+    others = median_of_others(median, codes)
+    weighty = ((median - others) * medians["count"].to_numpy() >= SLOW_OP_SHARE * profiled_ns
+               ) | np.isin(rank, list(slow))
+    standout = _outliers_by_group(median, codes, HOST_SPREAD if host else 0.0)
+    small = small_groups(codes)  # two or three peers cannot tell an op's noise: only a
     standout[small] = np.isin(rank[small], list(slow))  # slow rank's ops are slow there
-    flagged = shared[name_code] & (medians.to_numpy() > SLOW_RANK_FACTOR * others) & weighty \
-        & standout
-    span = int(ranks.max()) + 1 if len(ranks) else 1
-    hit = np.isin(codes * span + ranks, name_code[flagged] * span + rank[flagged])
-    return hit | (~shared[codes] & np.isin(ranks, list(slow)))
+    flagged = shared[codes] & (median > SLOW_RANK_FACTOR * others) & weighty & standout
+    return ({(str(n), int(r)) for n, r in zip(names[flagged], rank[flagged], strict=True)},
+            {(str(n), int(c)) for n, c in uniques[shared]})
+
+
+def slow_op_mask(ops: Ops, flagged: set[tuple[str, int]], shared: set[tuple[str, int]],
+                 slow: set[int], peers: Peers) -> np.ndarray:
+    """Per op: a `slow_names` pair, or (a name no peer of its rank runs) on a slow rank."""
+    frame = ops.frame
+    names = frame["name"].to_numpy(dtype=object)
+    ranks = frame["rank"].to_numpy().astype(np.int64)
+    cls = pd.Series(ranks).map(peers.classes).fillna(-1).to_numpy(dtype=np.int64)
+    pairs = pd.MultiIndex.from_arrays([names, ranks])
+    hit = pairs.isin(list(flagged)) if flagged else np.zeros(len(frame), dtype=bool)
+    alone = ~pd.MultiIndex.from_arrays([names, cls]).isin(list(shared)) if shared else \
+        np.ones(len(frame), dtype=bool)
+    return np.asarray(hit) | (np.asarray(alone) & np.isin(ranks, list(slow)))
+
+
 
 
 def _outliers_by_group(values: np.ndarray, groups: np.ndarray, floor: float) -> np.ndarray:

@@ -140,7 +140,7 @@ class BindingWalk:
                 first_new = len(out)
                 self._released(i, d, a, cut, depth + 1, out)
                 if self.kind[i] == schema.WAIT and len(out) > first_new and cut < b:
-                    _wake_up(out, first_new, b)
+                    self._wake(out, first_new, b)
                 else:
                     self._own(i, cut, b, out)
                 return
@@ -341,7 +341,11 @@ class BindingWalk:
         if lo > a:
             self._before(r, a, lo, depth + 1, out)
         if self.end[r] < b:
-            _wake_up(out, first_new, b)
+            self._wake(out, first_new, b)
+
+    def _wake(self, out: list[Piece], first_new: int, b: int) -> None:
+        """The lane was released a little after what it waited for ended: `wake_up`."""
+        wake_up(out, first_new, b)
 
     def _own(self, i: int, a: int, b: int, out: list[Piece]) -> None:
         """[a, b] of blocking op i that nothing else explains: a transfer after its release, a
@@ -372,7 +376,7 @@ def _add(out: list[Piece], op: int, a: int, b: int, why: str) -> None:
         out.append(Piece(int(op), int(a), int(b), why))
 
 
-def _wake_up(out: list[Piece], first_new: int, b: int) -> None:
+def wake_up(out: list[Piece], first_new: int, b: int) -> None:
     """Stretch the latest-ending piece added since `first_new` to `b`: the wake-up latency of
     a lane released a little after what it waited for ended."""
     if len(out) == first_new:

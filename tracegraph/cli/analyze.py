@@ -2,18 +2,30 @@
 
 from __future__ import annotations
 
-import json
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from parsers.base import TraceError
-from tracegraph.cli.common import cluster, friendly_errors, load_bundle, out, warn
+from tracegraph.cli.common import (
+    analysis_of,
+    cluster,
+    friendly_errors,
+    inputs_exist,
+    inventory_of,
+    load_bundle,
+    out,
+    print_json,
+    remember,
+    warn,
+)
 from tracegraph.cli.options import Bundle, CacheDir, Dask, Jobs, NoCache, RankMap, ThresholdMs
 
 if TYPE_CHECKING:
     from tracegraph.analysis.analyze import Analysis
+    from tracegraph.loading.trace import Trace
 
 
 @friendly_errors
@@ -32,21 +44,48 @@ def analyze_command(
         "--inventory-only", help="Only list what the bundle holds; no analysis.")] = False,
 ) -> None:
     """Read every rank's profile, then explain each step's bubbles down to their root causes."""
+    inputs_exist(bundle)
+    with cluster(dask, jobs) as client:  # on a cluster, the analysis is read where it lies
+        trace = load_bundle(bundle, cache_dir, no_cache, jobs, rank_map, client)
+        held = partial(inventory_of, trace, cache_dir, no_cache)
+        analysed = partial(analysis_of, trace, cache_dir, no_cache, threshold_ms)
+        options = {"threshold_ms": threshold_ms, "step": step, "top": top,
+                   "inventory_only": inventory_only}
+        if as_json:  # the JSON itself is kept: a second run reads and prints it
+            print_json(remember(trace, cache_dir, no_cache, "summary", options, lambda: _summary(
+                bundle, trace, held(), None if inventory_only else analysed(), step, top)))
+            return
+        analysis = None if inventory_only else analysed()
+        summary = remember(trace, cache_dir, no_cache, "summary", options,
+                           lambda: _summary(bundle, trace, held(), analysis, step, top))
+        _print_inventory(summary)
+        if analysis is not None:
+            _print_analysis(summary, analysis)
+
+
+def _print_analysis(summary: dict, analysis: Analysis) -> None:
     from reports.findings import print_findings
     from reports.pipeline import pipeline_lines
     from reports.terminal import print_analysis
     from reports.whatif import print_ceilings
-    from tracegraph.analysis.analyze import analyze as run_analysis
+
+    for warning in analysis.warnings:
+        warn(warning)
+    print_analysis(out, summary, analysis)
+    print_findings(out, summary["findings"])
+    for line in pipeline_lines(summary.get("pipeline")):
+        out.print(line, highlight=False, markup=False)
+    print_ceilings(out, summary["gain_ceilings"])
+
+
+def _summary(bundle: Path, trace: Trace, summary: dict[str, object],
+             analysis: Analysis | None, step: int | None, top: int) -> dict[str, object]:
+    """What `analyze` prints: the inventory (`summary`) and, with an analysis, its summary
+    (findings, the pipeline schedule, gain ceilings)."""
     from tracegraph.analysis.findings import find_all
     from tracegraph.analysis.pipeline import recover
     from tracegraph.analysis.summary import summarize
-    from tracegraph.loading.inventory import inventory
 
-    with cluster(dask, jobs) as executor:
-        trace = load_bundle(bundle, cache_dir, no_cache, jobs, rank_map, executor=executor)
-        analysis = None if inventory_only else run_analysis(
-            trace, threshold_ms=threshold_ms, executor=executor)
-    summary = inventory(trace)
     if analysis is not None:
         _check_step(bundle, analysis, step)
         pipeline = recover(analysis)
@@ -54,18 +93,7 @@ def analyze_command(
                              pipeline=pipeline)
         with_device_steps(summary["ranks"], analysis)
         summary["warnings"] = trace.warnings + analysis.warnings
-    if as_json:
-        print(json.dumps(summary, indent=2))
-        return
-    _print_inventory(summary)
-    if not inventory_only:
-        for warning in analysis.warnings:
-            warn(warning)
-        print_analysis(out, summary, analysis)
-        print_findings(out, summary["findings"])
-        for line in pipeline_lines(summary.get("pipeline")):
-            out.print(line, highlight=False, markup=False)
-        print_ceilings(out, summary["gain_ceilings"])
+    return summary
 
 
 def with_device_steps(ranks: list[dict[str, object]], analysis: Analysis) -> None:

@@ -5,20 +5,20 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable
-from concurrent.futures import Executor
 from contextlib import AbstractContextManager, nullcontext
 from functools import wraps
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import typer
 from rich.console import Console
 from rich.text import Text
 
-from parsers.base import TraceError
-from parsers.values import printable, rank_id
+from parsers.base import TraceError, require_exists
+from parsers.text import printable
 
 if TYPE_CHECKING:
+    from tracegraph.analysis.analyze import Analysis
     from tracegraph.loading.trace import Trace
 
 out = Console(markup=False)  # text from profiles ("[/x]" in an op name or a path) stays text:
@@ -27,6 +27,7 @@ err = Console(stderr=True, markup=False)  # style with Text or style=, never wit
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
 F = TypeVar("F", bound=Callable[..., object])
+T = TypeVar("T")
 
 
 def friendly_errors(command: F) -> F:
@@ -43,37 +44,103 @@ def friendly_errors(command: F) -> F:
     return run  # type: ignore[return-value]
 
 
-def cluster(dask: str | None, jobs: int | None) -> AbstractContextManager[Executor | None]:
-    """The Dask cluster's executor for `--dask`, else None."""
+def inputs_exist(*paths: Path) -> None:
+    """Fail on a missing input at once: commands call this before importing pandas and the
+    analysis, so a mistyped path costs no more than the interpreter's start."""
+    for path in paths:
+        require_exists(path)
+
+
+def cluster(dask: str | None, jobs: int | None) -> AbstractContextManager[Any]:
+    """The Dask client of the `--dask` cluster (held while the command runs: its ranks and
+    analysis live there), else None."""
     if not dask:
         return nullcontext(None)
-    from tracegraph.loading.distributed import dask_executor
+    from tracegraph.loading.distributed import dask_cluster
 
-    return dask_executor(dask, jobs)
+    return dask_cluster(dask, jobs)
 
 
 def load_bundle(bundle: Path, cache_dir: Path | None, no_cache: bool, jobs: int | None,
-          rank_map: Path | None, dask: str | None = None, executor: Executor | None = None
-          ) -> Trace:
-    """Load for a command: ranks parse on `executor`, else on a `--dask` cluster held for the
-    load, else locally; the trace's warnings go to stderr."""
-    from tracegraph.loading.loader import load
-
+                rank_map: Path | None, client: Any = None) -> Trace:
+    """Load for a command: on the cluster of `client` (where the ranks stay), else locally;
+    the trace's warnings go to stderr."""
     mapping = read_rank_map(rank_map) if rank_map else None
-    options = {"cache_dir": cache_dir, "use_cache": not no_cache, "jobs": jobs,
-               "rank_map": mapping, "progress": sys.stderr.isatty()}
-    if executor is not None:
-        trace = load(bundle, executor=executor, **options)
+    options = {"cache_dir": cache_dir, "use_cache": not no_cache, "rank_map": mapping,
+               "progress": sys.stderr.isatty()}
+    if client is not None:
+        from tracegraph.loading.distributed import load_on_cluster
+
+        trace = load_on_cluster(bundle, client, **options)
     else:
-        with cluster(dask, jobs) as held:
-            trace = load(bundle, executor=held, **options)
+        from tracegraph.loading.loader import load
+
+        trace = load(bundle, jobs=jobs, **options)
     for warning in trace.warnings:
         warn(warning)
     return trace
 
 
+def analysis_of(trace: Trace, cache_dir: Path | None, no_cache: bool, threshold_ms: float
+                ) -> Analysis:
+    """The analysis of `trace`: read from the cache when an earlier run stored it (unless
+    --no-cache), else computed and stored; a trace on a cluster is analysed there (and not
+    cached: its analysis stays on the workers)."""
+    if getattr(trace, "client", None) is not None:
+        from tracegraph.analysis.distributed import analyze_on_cluster
+
+        return analyze_on_cluster(trace, threshold_ms=threshold_ms)
+    from tracegraph.analysis.analyze import analyze
+
+    return remember(trace, cache_dir, no_cache, "analysis", {"threshold_ms": threshold_ms},
+                    lambda: analyze(trace, threshold_ms=threshold_ms))
+
+
+def inventory_of(trace: Trace, cache_dir: Path | None, no_cache: bool) -> dict[str, object]:
+    """What the bundle holds (`tracegraph.loading.inventory`), kept in the cache; summed up on
+    the workers for a trace on a cluster."""
+    if getattr(trace, "client", None) is not None:
+        from tracegraph.loading.distributed import inventory_on_cluster as inventory
+    else:
+        from tracegraph.loading.inventory import inventory
+    return remember(trace, cache_dir, no_cache, "inventory", {}, lambda: inventory(trace))
+
+
+def remember(trace: Trace, cache_dir: Path | None, no_cache: bool, what: str,
+             options: dict[str, object], compute: Callable[[], T]) -> T:
+    """`compute()` of `trace`, kept in the cache for the next run (tracegraph.analysis.cache)."""
+    from tracegraph.analysis.cache import remembered
+    from tracegraph.loading.cache import default_cache_dir
+
+    store = None if no_cache else cache_dir or default_cache_dir()
+    return remembered(trace, store, what, options, compute, warn)
+
+
+class Source(NamedTuple):
+    """How a command reads and analyses its bundles (the options they share)."""
+
+    threshold_ms: float
+    cache_dir: Path | None
+    no_cache: bool
+    jobs: int | None
+    rank_map: Path | None
+    dask: str | None = None
+
+    def cluster(self) -> AbstractContextManager[Any]:
+        """The `--dask` cluster's client for the command's duration, else None."""
+        return cluster(self.dask, self.jobs)
+
+    def analysis(self, path: Path, client: Any = None) -> Analysis:
+        """The bundle at `path` loaded (on `client`'s cluster, if any) and analysed."""
+        trace = load_bundle(path, self.cache_dir, self.no_cache, self.jobs, self.rank_map,
+                            client)
+        return analysis_of(trace, self.cache_dir, self.no_cache, self.threshold_ms)
+
+
 def read_rank_map(path: Path) -> dict[str, int]:
     """--rank-map's {profile: rank}; TraceError unless every value is a rank id."""
+    from parsers.values import rank_id
+
     try:
         mapping = json.loads(path.read_text())
         ranks = {str(k): rank_id(v) for k, v in mapping.items()}
@@ -84,6 +151,15 @@ def read_rank_map(path: Path) -> dict[str, int]:
         raise TraceError(f"{path}: {bad!r:.100} maps to {mapping[bad]!r:.40}, not a rank id")
     return ranks
 
+
+
+def print_json(value: object) -> None:
+    """`value` as indented JSON on stdout (orjson: an analysis' JSON in a tenth of the time)."""
+    import orjson
+
+    options = orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
+    sys.stdout.write(orjson.dumps(value, option=options).decode() + "\n")
+    sys.stdout.flush()
 
 
 def warn(message: str) -> None:

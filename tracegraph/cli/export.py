@@ -9,8 +9,15 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from parsers.base import TraceError
-from parsers.values import printable
-from tracegraph.cli.common import friendly_errors, load_bundle, out
+from parsers.text import printable
+from tracegraph.cli.common import (
+    analysis_of,
+    cluster,
+    friendly_errors,
+    inputs_exist,
+    load_bundle,
+    out,
+)
 from tracegraph.cli.options import (
     Bundle,
     CacheDir,
@@ -23,7 +30,7 @@ from tracegraph.cli.options import (
 )
 
 if TYPE_CHECKING:
-    from tracegraph.loading.trace import Trace
+    from tracegraph.analysis.analyze import Analysis
 
 
 @friendly_errors
@@ -49,22 +56,24 @@ def export_command(
     if not (parquet or perfetto or chrome):
         raise TraceError("export: name at least one of --parquet DIR, --perfetto FILE.pftrace, "
                          "--chrome FILE.json")
-    trace = load_bundle(bundle, cache_dir, no_cache, jobs, rank_map, dask)
-    if parquet:
-        for path in trace.to_parquet(parquet):
-            out.print(f"wrote {printable(str(path))}", highlight=False)
-    if perfetto or chrome:
-        _export_timeline(trace, perfetto, chrome, top, threshold_ms, jobs)
+    inputs_exist(bundle)
+    with cluster(dask, jobs) as client:
+        trace = load_bundle(bundle, cache_dir, no_cache, jobs, rank_map, client)
+        if parquet:
+            for path in trace.to_parquet(parquet):
+                out.print(f"wrote {printable(str(path))}", highlight=False)
+        if perfetto or chrome:
+            analysis = analysis_of(trace, cache_dir, no_cache, threshold_ms)
+            _export_timeline(analysis, perfetto, chrome, top, jobs)
 
 
-def _export_timeline(trace: Trace, perfetto: Path | None, chrome: Path | None, top: int,
-                     threshold_ms: float, jobs: int | None) -> None:
+def _export_timeline(analysis: Analysis, perfetto: Path | None, chrome: Path | None, top: int,
+                     jobs: int | None) -> None:
     from reports.chrome_trace import write_chrome
     from reports.perfetto_trace import write_perfetto
     from reports.tracks import build_timeline
-    from tracegraph.analysis.analyze import analyze
 
-    timeline = build_timeline(analyze(trace, threshold_ms=threshold_ms), top=top)
+    timeline = build_timeline(analysis, top=top)
     for path, write, unit in ((perfetto, write_perfetto, "packets"),
                               (chrome, write_chrome, "trace events")):
         if path:
@@ -82,16 +91,18 @@ def graph_command(
     no_cache: NoCache = False,
     jobs: Jobs = None,
     rank_map: RankMap = None,
+    dask: Dask = None,
     threshold_ms: Annotated[float, typer.Option(
         help="Shortest stall counted a bubble (ms): the edges inferred by time are those the "
              "analysis of bubbles of this size followed.", callback=milliseconds)] = 1.0,
 ) -> None:
     """Write the cross-rank dependency DAG (networkx GraphML or node-link JSON)."""
-    from tracegraph.analysis.analyze import analyze as run_analysis
+    inputs_exist(bundle)
     from tracegraph.graph.export import write_graph
 
-    trace = load_bundle(bundle, cache_dir, no_cache, jobs, rank_map)
-    graph = run_analysis(trace, threshold_ms=threshold_ms).graph
+    with cluster(dask, jobs) as client:
+        trace = load_bundle(bundle, cache_dir, no_cache, jobs, rank_map, client)
+        graph = analysis_of(trace, cache_dir, no_cache, threshold_ms).graph
     written = write_graph(graph, output)
     kinds = graph.edges["kind"].value_counts()
     by_kind = ", ".join(f"{n:,} {kind}" for kind, n in kinds.items() if n)

@@ -11,7 +11,7 @@ import json
 import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, NamedTuple
+from typing import TYPE_CHECKING, Annotated, NamedTuple
 
 import typer
 from rich.console import Console
@@ -19,7 +19,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from parsers.base import TraceError
-from parsers.values import printable
+from parsers.text import printable
 from reports.markdown import (
     STATE_TITLES,
     check_status,
@@ -33,17 +33,20 @@ from reports.markdown import (
     verdict_line,
     violation_line,
 )
-from reports.whatif import print_checked
-from tracegraph.cli.common import friendly_errors, load_bundle, warn
+from tracegraph.cli.common import Source, friendly_errors, inputs_exist, print_json, warn
 from tracegraph.cli.options import (
     Bundle,
     CacheDir,
+    Dask,
     Jobs,
     NoCache,
     RankMap,
     ThresholdMs,
     milliseconds,
 )
+
+if TYPE_CHECKING:
+    from tracegraph.analysis.analyze import Analysis
 
 EXIT_FAILED = 1
 DEFAULT_REGRESSION = "5%"
@@ -87,6 +90,7 @@ def diff_command(
     no_cache: NoCache = False,
     jobs: Jobs = None,
     rank_map: RankMap = None,
+    dask: Dask = None,
     predicted: Annotated[Path | None, typer.Option(
         "--predicted", help="BEFORE's prediction (`tracegraph whatif BEFORE … --json`): report "
                             "it against AFTER as measured.")] = None,
@@ -98,7 +102,7 @@ def diff_command(
     """
 
     limit = _percent(fail_on_regression)
-    source = Source(threshold_ms, cache_dir, no_cache, jobs, rank_map)
+    source = Source(threshold_ms, cache_dir, no_cache, jobs, rank_map, dask)
     outputs = Outputs(as_json, markdown, junit)
     friendly_errors(_diff)(before, after, (rules, preset or []), limit, source, outputs,
                            html=html, top=top, min_chain_ms=min_chain_ms,
@@ -118,6 +122,7 @@ def check_command(
     no_cache: NoCache = False,
     jobs: Jobs = None,
     rank_map: RankMap = None,
+    dask: Dask = None,
 ) -> None:
     """Evaluate checks (--rules FILE, --preset NAME) on one profile; exit 1 if any fails.
 
@@ -128,27 +133,11 @@ def check_command(
     if rules is None and not preset:
         raise typer.BadParameter("give --rules FILE or --preset NAME", param_hint="--rules")
     friendly_errors(_check)(bundle, (rules, preset or []),
-                            Source(threshold_ms, cache_dir, no_cache, jobs, rank_map),
+                            Source(threshold_ms, cache_dir, no_cache, jobs, rank_map, dask),
                             Outputs(as_json, markdown, junit), allow_not_applicable)
 
 
 # --- the work ----------------------------------------------------------------------------------
-class Source(NamedTuple):
-    """How to read and analyze a profile."""
-
-    threshold_ms: float
-    cache_dir: Path | None
-    no_cache: bool
-    jobs: int | None
-    rank_map: Path | None
-
-    def analysis(self, path: Path):
-        from tracegraph.analysis.analyze import analyze
-
-        trace = load_bundle(path, self.cache_dir, self.no_cache, self.jobs, self.rank_map)
-        return analyze(trace, threshold_ms=self.threshold_ms)
-
-
 class Outputs(NamedTuple):
     """Where the result goes besides the terminal."""
 
@@ -162,7 +151,7 @@ class Outputs(NamedTuple):
             if path is not None:
                 Path(path).write_text(render(), encoding="utf-8")
         if self.as_json:
-            print(json.dumps(report, indent=2))
+            print_json(report)
         else:
             terminal(Console(), report)
 
@@ -200,13 +189,34 @@ def _diff(before: Path, after: Path, spec: RuleSpec, limit: float | None,
           source: Source, outputs: Outputs, *, html: Path | None, top: int,
           min_chain_ms: float | None, allow_not_applicable: bool,
           predicted: Path | None = None) -> None:
+    inputs_exist(before, after)
     from reports.junit import diff_junit
     from reports.markdown import diff_markdown
+
+    rules = _rules(spec)
+    with source.cluster() as client:
+        old, new = source.analysis(before, client), source.analysis(after, client)
+        report = _compared(old, new, rules, limit, top, min_chain_ms, allow_not_applicable,
+                           predicted)
+        if html:
+            from reports.diff_html import write_diff_html
+
+            write_diff_html(old, new, report, html)
+    outputs.emit(report, lambda: diff_markdown(report), lambda: diff_junit(report, limit),
+                 print_diff)
+    _warn_nothing_verified(report)
+    if not report["passed"]:
+        raise typer.Exit(EXIT_FAILED)
+
+
+def _compared(old: Analysis, new: Analysis, rules: list, limit: float | None, top: int,
+              min_chain_ms: float | None, allow_not_applicable: bool, predicted: Path | None
+              ) -> dict[str, object]:
+    """The diff report of two analyses, with their checks, BEFORE's prediction (`predicted`)
+    against AFTER, and the verdict."""
     from tracegraph.verify.checks import evaluate
     from tracegraph.verify.diff import compare, regressed_beyond
 
-    rules = _rules(spec)
-    old, new = source.analysis(before), source.analysis(after)
     report = compare(old, new, top=top, min_chain_ms=min_chain_ms)
     report["checks"] = [{"name": b.name, "rule": b.rule, "before": b.as_dict(),
                          "after": a.as_dict()}
@@ -217,30 +227,24 @@ def _diff(before: Path, after: Path, spec: RuleSpec, limit: float | None,
         report["predicted"] = _checked_prediction(predicted, new)
     report["passed"] = (not (limit is not None and regressed_beyond(report, limit))
                         and _checks_pass(report))
-    if html:
-        from reports.diff_html import write_diff_html
-
-        write_diff_html(old, new, report, html)
-    outputs.emit(report, lambda: diff_markdown(report), lambda: diff_junit(report, limit),
-                 print_diff)
-    _warn_nothing_verified(report)
-    if not report["passed"]:
-        raise typer.Exit(EXIT_FAILED)
+    return report
 
 
 def _check(bundle: Path, spec: RuleSpec, source: Source, outputs: Outputs,
            allow_not_applicable: bool) -> None:
+    inputs_exist(bundle)
     from reports.junit import check_junit
     from reports.markdown import check_markdown
     from tracegraph.verify import metrics
     from tracegraph.verify.checks import evaluate
 
     rules = _rules(spec)
-    analysis = source.analysis(bundle)
-    results = [r.as_dict() for r in evaluate(rules, analysis)]
-    report = {"source": printable(str(bundle)),
-              "step_ms": round(metrics.step_time_ms(analysis), 3),
-              "checks": results, **_tally(results, allow_not_applicable)}
+    with source.cluster() as client:
+        analysis = source.analysis(bundle, client)
+        results = [r.as_dict() for r in evaluate(rules, analysis)]
+        report = {"source": printable(str(bundle)),
+                  "step_ms": round(metrics.step_time_ms(analysis), 3),
+                  "checks": results, **_tally(results, allow_not_applicable)}
     report["passed"] = _checks_pass(report)
     outputs.emit(report, lambda: check_markdown(report), lambda: check_junit(report),
                  print_checks)
@@ -305,6 +309,8 @@ def print_diff(console: Console, report: dict[str, object]) -> None:
                [(str(c["rank"]), c["category"], root_text(c), ms(c["before_ms"]),
                  ms(c["after_ms"]), " ← ".join(map(str, c["chain"]))) for c in chains])
     if report.get("predicted"):
+        from reports.whatif import print_checked
+
         print_checked(console, report["predicted"])
     if report["checks"]:
         _table(console, f"checks (after: {checks_line(report['check_counts'])})",

@@ -15,7 +15,9 @@ Jobs = Annotated[int | None, typer.Option(help="Parallel parser processes (defau
 RankMap = Annotated[Path | None, typer.Option(
     help='JSON file mapping a profile (path or file name) to its rank: {"a.json": 3}.')]
 Dask = Annotated[str | None, typer.Option(
-    help='Parse ranks on a Dask cluster: "local" or a scheduler address (tcp://host:8786).')]
+    help='Parse and analyse the ranks on a Dask cluster, where they stay: "local" or a '
+         'scheduler address (tcp://host:8786).')]
+
 
 
 DAY_MS = 86_400_000.0

@@ -7,15 +7,14 @@ take (a rank it does not hold, a pattern no op matches).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from parsers.base import TraceError
-from tracegraph.cli.common import friendly_errors, load_bundle, out
-from tracegraph.cli.options import Bundle, CacheDir, Jobs, NoCache, RankMap, ThresholdMs
+from tracegraph.cli.common import Source, friendly_errors, inputs_exist, out, print_json
+from tracegraph.cli.options import Bundle, CacheDir, Dask, Jobs, NoCache, RankMap, ThresholdMs
 
 EXIT_REFUSED = 1
 Fix = Annotated[list[str] | None, typer.Option(
@@ -48,32 +47,34 @@ def whatif_command(
     no_cache: NoCache = False,
     jobs: Jobs = None,
     rank_map: RankMap = None,
+    dask: Dask = None,
 ) -> None:
     """Replay the bundle's dependency graph with the edits and predict each step and rank."""
 
     @friendly_errors
     def run() -> None:
+        inputs_exist(bundle)
         from reports.whatif import print_prediction
-        from tracegraph.analysis.analyze import analyze
         from tracegraph.whatif.edits import EditError, parse_edits
         from tracegraph.whatif.engine import CycleError
         from tracegraph.whatif.predict import predict
         from tracegraph.whatif.summary import summarize_prediction
 
-        try:
-            edits = parse_edits(fix or [], straggler or [], scale or [], remove_wait or [])
-            trace = load_bundle(bundle, cache_dir, no_cache, jobs, rank_map)
-            analysis = analyze(trace, threshold_ms=threshold_ms)
-            prediction = predict(analysis, edits, threshold_ms=threshold_ms)
-        except (EditError, CycleError) as error:
-            raise TraceError(f"{bundle}: {error}") from None
-        summary = summarize_prediction(prediction, top=top)
-        if html is not None:
-            from reports.html import write_report
+        source = Source(threshold_ms, cache_dir, no_cache, jobs, rank_map, dask)
+        with source.cluster() as client:  # on a cluster, the graph is gathered to replay it
+            try:
+                edits = parse_edits(fix or [], straggler or [], scale or [], remove_wait or [])
+                analysis = source.analysis(bundle, client)
+                prediction = predict(analysis, edits, threshold_ms=threshold_ms)
+            except (EditError, CycleError) as error:
+                raise TraceError(f"{bundle}: {error}") from None
+            summary = summarize_prediction(prediction, top=top)
+            if html is not None:
+                from reports.html import write_report
 
-            write_report(analysis, html, top=top, prediction=prediction)
+                write_report(analysis, html, top=top, prediction=prediction)
         if as_json:
-            print(json.dumps(summary, indent=2))
+            print_json(summary)
         else:
             print_prediction(out, summary)
             if html is not None:

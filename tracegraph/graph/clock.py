@@ -17,10 +17,12 @@ from tracegraph.graph.match import Matches
 from tracegraph.graph.ops import Ops, startswith
 
 
-def estimate_offsets(ops: Ops, matches: Matches) -> dict[int, int]:
-    """rank -> ns to subtract from the rank's timestamps to put it on the common clock."""
+def estimate_offsets(ops: Ops, matches: Matches, ranks: list[int] | None = None
+                     ) -> dict[int, int]:
+    """rank -> ns to subtract from the rank's timestamps to put it on the common clock, for
+    `ranks` (default: those of `ops`; more when `ops` are some of the ops, the comm ones)."""
     diffs = _end_differences(ops, matches)
-    ranks = sorted(int(r) for r in ops.frame["rank"].unique())
+    ranks = sorted(int(r) for r in ops.frame["rank"].unique()) if ranks is None else ranks
     if diffs.empty:
         return dict.fromkeys(ranks, 0)
     pairs = diffs.groupby(["a", "b"])["diff"].median().reset_index()

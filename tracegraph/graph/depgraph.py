@@ -118,11 +118,12 @@ class DepGraph:
 
     def cycles(self) -> list[np.ndarray]:
         """The node sets of every cycle: strongly connected sets of more than one op, and ops
-        with an edge to themselves."""
+        with an edge to themselves (of a graph of some ranks, those among its own ops)."""
         from scipy.sparse import coo_matrix
         from scipy.sparse.csgraph import connected_components
 
-        edges, n = self.edges, len(self)
+        n = len(self)
+        edges = self.edges[self.edges["src"] < n]
         if not len(edges):
             return []
         adjacency = coo_matrix((np.ones(len(edges)), (edges["src"], edges["dst"])), (n, n))
@@ -228,18 +229,36 @@ def build_graph(ops: Ops, matches: Matches, start: np.ndarray, end: np.ndarray,
     """The DAG of `ops` from the matches, with P2P and collective edges directed on the aligned
     clock (`start`, `end`): the later arriver releases the others. `groups`: the GROUPS table
     (a collective whose group has members absent from `ops` may wait for them)."""
+    present = set(np.unique(ops.frame["rank"].to_numpy()).tolist())
+    unprofiled, unmatched = missing_peers(ops.frame, matches, groups, present)
+    dep, how = matches.dep.copy(), matches.how.copy()
+    direct(dep, how, start, posted_times(ops, start), matches.instances)
+    sampled = bool(len(matches.instances)) and not matches.instances["safe"].all()
+    return assemble(ops, matches, start, end, (dep, how, unprofiled, unmatched), sampled)
+
+
+def direct(dep: np.ndarray, how: np.ndarray, start: np.ndarray, posted: np.ndarray,
+           instances: pd.DataFrame) -> None:
+    """Direct the matched pairs and instances (in place): the half posted last of a transfer
+    (`posted_times`), the member of an instance that arrived last, releases the others."""
+    _direct_pairs(dep, how, posted)
+    _direct_instances(dep, how, start, instances)
+
+
+def assemble(ops: Ops, matches: Matches, start: np.ndarray, end: np.ndarray,
+             cross: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], sampled: bool
+             ) -> DepGraph:
+    """The DepGraph of `ops` from its lanes, its within-rank `matches` and its `cross`
+    dependencies already directed: dep, how, unprofiled and unmatched per op. A dep of len(ops)
+    or more stands for an op outside `ops` (a graph of some ranks of a job: another's op)."""
     frame = ops.frame
     n = len(frame)
-    present = set(np.unique(frame["rank"].to_numpy()).tolist())
-    unprofiled, unmatched = _missing_peers(frame, matches, groups, present)
-    dep, how = matches.dep.copy(), matches.how.copy()
+    dep, how, unprofiled, unmatched = cross
     queued = np.full(n, -1, dtype=np.int64)
     if matches.queued:
         queued[list(matches.queued)] = list(matches.queued.values())
     launcher = matches.launcher if len(matches.launcher) else np.full(n, -1, dtype=np.int64)
-    posted = _posted(ops, start)
-    _direct_pairs(dep, how, posted)
-    _direct_instances(dep, how, start, matches.instances)
+    posted = posted_times(ops, start)
     launch = frame["launch"].to_numpy() if "launch" in frame else np.full(n, -1)
     aligned_launch = np.where(launch >= 0, launch - (frame["start"].to_numpy() - start), -1)
     graph = DepGraph(ops=ops, start=start, end=end, dep=dep, how=how, launcher=launcher,
@@ -247,7 +266,7 @@ def build_graph(ops: Ops, matches: Matches, start: np.ndarray, end: np.ndarray,
                      launch=aligned_launch,
                      unprofiled=unprofiled, unmatched=unmatched, posted=posted,
                      warnings=list(matches.warnings))
-    graph.sampled = bool(len(matches.instances)) and not matches.instances["safe"].all()
+    graph.sampled = sampled
     graph._static = _static_edges(graph)
     deps = graph._static[graph._static["kind"].isin(["event_wait", "p2p", "collective"])]
     graph.dep_confidence[deps["dst"].to_numpy()] = deps["confidence"].to_numpy()
@@ -286,7 +305,7 @@ def host_side_waits(frame: pd.DataFrame) -> np.ndarray:
     return (frame["kind"].to_numpy() == schema.WAIT) & (frame["wait_on_stream"].to_numpy() >= 0)
 
 
-def _posted(ops: Ops, start: np.ndarray) -> np.ndarray:
+def posted_times(ops: Ops, start: np.ndarray) -> np.ndarray:
     """When each op was posted. On a host thread, the P2P calls and records that follow each
     other with no other op between (a send, or a batch exchange: `c10d::send`, `gloo:send`,
     `c10d::recv_`, `gloo:recv`) were posted together when the first call began: gloo's
@@ -381,8 +400,8 @@ def _device_prev(prev: np.ndarray, host_side: np.ndarray) -> np.ndarray:
     return out
 
 
-def _missing_peers(frame: pd.DataFrame, matches: Matches, groups: pd.DataFrame | None,
-                   present: set[int]) -> tuple[np.ndarray, np.ndarray]:
+def missing_peers(frame: pd.DataFrame, matches: Matches, groups: pd.DataFrame | None,
+                  present: set[int]) -> tuple[np.ndarray, np.ndarray]:
     """Per op: how many members of its collective's group are absent from the bundle (of its
     stated size, when the profile states more members than it names), and whether a peer in
     the bundle has no op matched with it (its instance lacks a present member, or a P2P half

@@ -48,9 +48,16 @@ def match(ops: Ops, group_members: dict[str, tuple[int, ...]],
     """All cross dependencies of `ops`. With `executor` (e.g. a Dask cluster's), the per-rank
     matching (launches, stream waits) runs there on chunks of ranks; pairs and groups here."""
     result = match_within_ranks(ops) if executor is None else _within_ranks_on(executor, ops)
+    match_across_ranks(ops, group_members, result)
+    return result
+
+
+def match_across_ranks(ops: Ops, group_members: dict[str, tuple[int, ...]],
+                       result: Matches) -> None:
+    """Into `result`: P2P pairs and collective instances, which only ranks together show (they
+    read the P2P and collective ops of `ops` alone)."""
     _match_p2p(ops, result)
     result.instances = _match_collectives(ops, group_members, result)
-    return result
 
 
 def _empty(n: int) -> Matches:
@@ -251,8 +258,8 @@ def _match_collectives(ops: Ops, group_members: dict[str, tuple[int, ...]],
                        result: Matches) -> pd.DataFrame:
     frame = ops.frame
     coll = frame[frame["kind"] == schema.COLLECTIVE]
-    coll = coll.assign(group=coll["group"].where(coll["group"] != "", "stream " +
-                                                  coll["stream"].astype(str)))
+    named = coll["group"].astype(object)  # a Categorical takes no new value
+    coll = coll.assign(group=named.where(named != "", "stream " + coll["stream"].astype(str)))
     keyed = []
     for group, ops_of_group in coll.groupby("group"):
         keys, safe = _instance_keys(str(group), ops_of_group, result.warnings)

@@ -10,6 +10,7 @@ two different profiles of one rank, or a bundle with no event at all, are errors
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
@@ -24,16 +25,19 @@ from tracegraph.loading.groups import absent_ranks
 Parsed = list[tuple[RankFiles, ParsedRank]]
 
 
-def distinct_ranks(parsed: Parsed, warnings: list[str]) -> Parsed:
-    """One profile per rank: a copy of another (same events) is left out with a warning; two
-    different profiles of one rank are an error (which one is right cannot be told)."""
+def distinct_ranks(parsed: Parsed, warnings: list[str],
+                   same: Callable[[ParsedRank, ParsedRank], bool] | None = None) -> Parsed:
+    """One profile per rank: a copy of another (same events, as `same` tells: by default the
+    events compared here) is left out with a warning; two different profiles of one rank are
+    an error (which one is right cannot be told)."""
+    same = same or (lambda one, other: one.events.equals(other.events))
     kept: dict[int, tuple[RankFiles, ParsedRank]] = {}
     for profile, rank in parsed:
         if rank.rank not in kept:
             kept[rank.rank] = (profile, rank)
             continue
         first, other = kept[rank.rank]
-        if not other.events.equals(rank.events):
+        if not same(other, rank):
             raise TraceError(f"{profile.root}: duplicate rank {rank.rank} (also {first.root}); "
                              "pass --rank-map to say which is which")
         warnings.append(f"rank {rank.rank}: {profile.root} is a copy of {first.root}; "
@@ -93,8 +97,9 @@ def silent_members(groups: pd.DataFrame, events: pa.Table, empty: set[int]) -> l
 
 def _collective_ranks(events: pa.Table) -> dict[str, set[int]]:
     """Group -> the ranks with a collective op on it."""
-    ops = events.filter(pc.and_(pc.equal(events["kind"], schema.COLLECTIVE),
-                                pc.not_equal(events["group"], "")))
+    ops = events.select(["kind", "group", "rank"]).unify_dictionaries()  # one coding over ranks
+    ops = ops.filter(pc.and_(pc.equal(ops["kind"], schema.COLLECTIVE),
+                             pc.not_equal(ops["group"], "")))
     pairs = ops.select(["group", "rank"]).group_by(["group", "rank"]).aggregate([])
     found: dict[str, set[int]] = defaultdict(set)
     for group, rank in zip(pairs["group"].to_pylist(), pairs["rank"].to_pylist(), strict=True):

@@ -119,7 +119,8 @@ def _observed_members(events: pa.Table) -> dict[str, set[int]]:
     """Group id -> ranks that report communication on it."""
     if events.num_rows == 0:
         return {}
-    used = events.filter(pc.not_equal(events["group"], "")).select(["group", "rank"])
+    used = events.select(["group", "rank"]).unify_dictionaries()  # one coding over ranks
+    used = used.filter(pc.not_equal(used["group"], ""))
     pairs = used.group_by(["group", "rank"]).aggregate([])
     result: dict[str, set[int]] = {}
     for group, rank in zip(pairs["group"].to_pylist(), pairs["rank"].to_pylist(), strict=True):

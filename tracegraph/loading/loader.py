@@ -2,10 +2,10 @@
 and merge them into one `Trace`.
 
 Each rank's table leaves its worker (and enters the cache) in the in-memory form the final
-DataFrame uses: strings as Arrow `large_string`, so the merge only concatenates chunks and the
-string columns become pandas' Arrow-backed strings without a copy. Local workers hand the table
-back as an Arrow file that this process memory-maps (and that becomes the rank's cache entry by a
-rename) rather than pickled through a pipe; executors such as Dask's still get it pickled."""
+DataFrame uses: strings dictionary-coded, so the merge only concatenates chunks and the string
+columns become pandas Categoricals (codes and each distinct value once). Local workers hand the
+table back as an Arrow file that this process memory-maps (and that becomes the rank's cache entry
+by a rename) rather than pickled through a pipe; executors such as Dask's still get it pickled."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import pyarrow as pa
 from parsers import parse_rank
 from parsers.base import GroupInfo, ParsedRank, RankFiles, TraceError
 from parsers.bundle import Bundle, open_bundle
-from parsers.values import printable
+from parsers.text import printable
 from tracegraph import schema
 from tracegraph.loading import cache, consistency
 from tracegraph.loading.groups import groups_frame
@@ -48,17 +48,29 @@ def load(
     Ranks are parsed in a local process pool, or on `executor` (e.g. a Dask cluster's, see
     tracegraph.loading.distributed) when given."""
     with open_bundle(path) as bundle:
-        forced = _forced_ranks(bundle.profiles, rank_map or {})
-        profiles = [RankFiles(p.format, p.root, p.files, forced.get(p.root, p.rank))
-                    for p in bundle.profiles]
+        profiles, keys, forced = profiles_of(bundle, rank_map)
         store = (cache_dir or cache.default_cache_dir()) if use_cache else None
         notes = list(bundle.warnings)
         with Progress("reading ranks", total=len(profiles), enabled=progress) as bar:
-            parsed = list(_parse_all(bundle, profiles, store, jobs, bar.advance, executor,
-                                     notes))
+            parsed = list(_parse_all(bundle, list(zip(profiles, keys, strict=True)), store,
+                                     jobs, bar.advance, executor, notes))
         for profile, rank in parsed:
             rank.rank = forced.get(profile.root, rank.rank)
-        return _merge(Path(printable(str(path))), parsed, profiles, notes)  # shown, not read
+        trace = _merge(Path(printable(str(path))), parsed, profiles, notes)  # shown, not read
+        trace.fingerprint = cache.bundle_key(keys, forced)
+        return trace
+
+
+def profiles_of(bundle: Bundle, rank_map: dict[str, int] | None
+                ) -> tuple[list[RankFiles], list[str], dict[str, int]]:
+    """The bundle's profiles with the ranks --rank-map forces, their cache keys, and what was
+    forced (profile root -> rank)."""
+    forced = _forced_ranks(bundle.profiles, rank_map or {})
+    profiles = [RankFiles(p.format, p.root, p.files, forced.get(p.root, p.rank))
+                for p in bundle.profiles]
+    keys = [cache.cache_key(p.format, p.root, bundle.fingerprint(p.files.values()))
+            for p in profiles]
+    return profiles, keys, forced
 
 
 def _forced_ranks(profiles: list[RankFiles], rank_map: dict[str, int]) -> dict[str, int]:
@@ -73,19 +85,17 @@ def _forced_ranks(profiles: list[RankFiles], rank_map: dict[str, int]) -> dict[s
 
 def _parse_all(
     bundle: Bundle,
-    profiles: list[RankFiles],
+    profiles: list[tuple[RankFiles, str]],
     store: Path | None,
     jobs: int | None,
     advance: Callable[[], None],
     executor: Executor | None = None,
     notes: list[str] | None = None,
 ) -> Iterator[tuple[RankFiles, ParsedRank]]:
-    """Yield (profile, parsed rank) for every profile, from the cache where possible (a cache
-    entry that does not read back is said in `notes` and parsed again)."""
+    """Yield (profile, parsed rank) for every (profile, cache key), from the cache where
+    possible (a cache entry that does not read back is said in `notes` and parsed again)."""
     todo: list[tuple[RankFiles, str]] = []
-    for profile in profiles:
-        key = cache.cache_key(profile.format, profile.root,
-                              bundle.fingerprint(profile.files.values()))
+    for profile, key in profiles:
         hit = cache.load_cached(store, key, notes) if store else None
         if hit is not None:
             advance()
@@ -97,7 +107,7 @@ def _parse_all(
         yield from _parse_on(executor, bundle, todo, store, advance)
         return
     if workers <= 1:
-        for profile, key, read in _sources(bundle, todo):
+        for profile, key, read in sources(bundle, todo):
             yield profile, _finish(profile, _parse(profile, read), store, key)
             advance()
         return
@@ -120,9 +130,9 @@ def _parse_on(pool: Executor, bundle: Bundle, todo: list[tuple[RankFiles, str]],
     With `handoff` (local workers), a worker writes the rank's table there as an Arrow file that
     this process memory-maps, instead of pickling it through a pipe (four copies)."""
     futures = {}
-    for profile, _key, read in _sources(bundle, todo):
-        job = ((_parse_in_worker, str(bundle.path), profile) if bundle.random_access
-               else (_parse_bytes, profile, read.contents))
+    for profile, _key, read in sources(bundle, todo):
+        job = ((parse_in_worker, str(bundle.path), profile) if bundle.random_access
+               else (parse_bytes, profile, read.contents))
         out = handoff / f"{len(futures)}.arrow" if handoff else None
         future = pool.submit(_to_file, str(out), *job) if out else pool.submit(*job)
         futures[profile.root] = (future, out)
@@ -156,7 +166,7 @@ class _Streamed:
             raise TraceError(f"{member}: missing from the archive (truncated?)") from None
 
 
-def _sources(bundle: Bundle, todo: list[tuple[RankFiles, str]]
+def sources(bundle: Bundle, todo: list[tuple[RankFiles, str]]
              ) -> Iterator[tuple[RankFiles, str, Callable[[str], bytes]]]:
     """(profile, cache key, reader) for each profile: direct reads where the bundle allows random
     access, else one streaming pass over the archive that hands out each profile once complete."""
@@ -177,14 +187,16 @@ def _sources(bundle: Bundle, todo: list[tuple[RankFiles, str]]
             yield profile, key, _Streamed(contents.pop(profile.root))
 
 
-def _parse_in_worker(bundle_path: str, profile: RankFiles) -> ParsedRank:
+def parse_in_worker(bundle_path: str, profile: RankFiles) -> ParsedRank:
+    """Parse a profile of a random-access bundle in a worker, which opens the bundle once."""
     bundle = _WORKER_BUNDLES.get(bundle_path)
     if bundle is None:
         bundle = _WORKER_BUNDLES[bundle_path] = open_bundle(bundle_path)
     return _parse(profile, bundle.read)
 
 
-def _parse_bytes(profile: RankFiles, contents: dict[str, bytes]) -> ParsedRank:
+def parse_bytes(profile: RankFiles, contents: dict[str, bytes]) -> ParsedRank:
+    """Parse a profile whose members' bytes were sent along (a streamed archive)."""
     return _parse(profile, _Streamed(contents))
 
 
@@ -208,55 +220,68 @@ def _merge(source: Path, parsed: list[tuple[RankFiles, ParsedRank]],
     and peers) is settled first; then what they must agree on is checked
     (`tracegraph.loading.consistency`). Warnings come out printable, one line each."""
     parsed = consistency.distinct_ranks(parsed, warnings)
+    in_rank_order(parsed, warnings)
+    warnings.extend(settle([r for _, r in parsed]))
+    rows = [r.events.num_rows for _, r in parsed]
+    events = _rank_tables(parsed)
+    observed = pa.concat_tables(events or [schema.in_memory(schema.empty_events())])  # no copy
+    return assembled(Trace, source, parsed, rows, observed, warnings, events)
+
+
+def in_rank_order(parsed: list[tuple[RankFiles, ParsedRank]], warnings: list[str]) -> None:
+    """Collect the ranks' warnings and sort them by rank (one profile each: see
+    `consistency.distinct_ranks`)."""
     for _, rank in parsed:
         warnings.extend(f"rank {rank.rank}: {w}" for w in rank.warnings)
     parsed.sort(key=lambda item: item[1].rank)
-    warnings.extend(settle([r for _, r in parsed]))
-    ranks = pd.DataFrame([_rank_row(p, r) for p, r in parsed], columns=schema.RANKS.names)
+
+
+def assembled(cls: type[Trace], source: Path, parsed: list[tuple[RankFiles, ParsedRank]],
+              rows: list[int], observed: pa.Table, warnings: list[str], events: object,
+              **fields: object) -> Trace:
+    """The `cls` Trace of checked and settled ranks (`rows` events each; `observed` a table with
+    the kind, group and rank columns of their events at least), what they must agree on checked
+    (`consistency.check`); its events DataFrame is built from `events` on first use
+    (`Trace.with_events_from`)."""
+    ranks = pd.DataFrame([_rank_row(p, r, n) for (p, r), n in zip(parsed, rows, strict=True)],
+                         columns=schema.RANKS.names)
     world = consistency.world_size(parsed, warnings)
-    memory = _concat_memory(parsed)
-    events = _concat_events(parsed)
     groups: list[GroupInfo] = [g for _, r in parsed for g in r.groups]
-    group_frame, group_warnings = groups_frame(groups, events, world)
+    group_frame, group_warnings = groups_frame(groups, observed, world)
     warnings.extend(group_warnings)
-    warnings.extend(consistency.check(source, ranks, group_frame, events, world, warnings))
-    return Trace(source=source, events=_to_pandas(events), groups=group_frame,
-                 ranks=ranks.astype({"rank": "int32", "world_size": "int32", "events": "int64",
-                                     "clock_base_ns": "int64", "clock_offset_ns": "int64",
-                                     "device_memory": "int64"}),
-                 warnings=[printable(w) for w in warnings], memory=memory)
+    warnings.extend(consistency.check(source, ranks, group_frame, observed, world, warnings))
+    return cls.with_events_from(
+        events, source=source, groups=group_frame, memory=_concat_memory(parsed),
+        warnings=[printable(w) for w in warnings], **fields,
+        ranks=ranks.astype({"rank": "int32", "world_size": "int32", "events": "int64",
+                            "clock_base_ns": "int64", "clock_offset_ns": "int64",
+                            "device_memory": "int64"}))
 
 
-def _concat_events(parsed: list[tuple[RankFiles, ParsedRank]]) -> pa.Table:
-    """All ranks' events in one table (chunks, no copy); the per-rank tables are let go, so the
-    conversion to pandas can free each column once copied."""
-    tables = [_rank_column(r.events, r.rank) for _, r in parsed]
+def _rank_tables(parsed: list[tuple[RankFiles, ParsedRank]]) -> list[pa.Table]:
+    """Each rank's events, its `rank` column set; the parsed ranks let them go, so the Trace
+    holds the only reference and can drop each once copied into its DataFrame."""
+    tables = [with_rank(r.events, r.rank) for _, r in parsed]
     for _, rank in parsed:
         rank.events = None  # type: ignore[assignment]  # merged: the Trace holds the rows
-    return pa.concat_tables(tables) if tables else schema.in_memory(schema.empty_events())
+    return tables
 
 
 def _concat_memory(parsed: list[tuple[RankFiles, ParsedRank]]) -> pd.DataFrame:
     """Every rank's memory rows (schema.MEMORY), the rank set to the profile's (mapped) one."""
-    tables = [_rank_column(r.memory, r.rank) for _, r in parsed
+    tables = [with_rank(r.memory, r.rank) for _, r in parsed
               if r.memory is not None and r.memory.num_rows]
     table = pa.concat_tables(tables) if tables else schema.empty_memory()
     return table.to_pandas(types_mapper=_arrow_strings)
 
 
-def _to_pandas(events: pa.Table) -> pd.DataFrame:
-    """The events as a DataFrame: strings stay in their Arrow buffers, one block per column (no
-    consolidation copy), and each integer column's Arrow memory is freed once it is copied."""
-    return events.to_pandas(types_mapper=_arrow_strings, split_blocks=True, self_destruct=True)
-
-
-def _rank_column(events: pa.Table, rank: int) -> pa.Table:
+def with_rank(events: pa.Table, rank: int) -> pa.Table:
     """The events with `rank` set to the profile's (mapped) rank."""
     column = pa.array(np.full(events.num_rows, rank, dtype=np.int32))
     return events.set_column(events.schema.get_field_index("rank"), "rank", column)
 
 
-def _rank_row(profile: RankFiles, parsed: ParsedRank) -> dict[str, object]:
+def _rank_row(profile: RankFiles, parsed: ParsedRank, rows: int) -> dict[str, object]:
     meta = parsed.meta
     return {
         "rank": parsed.rank,
@@ -269,13 +294,14 @@ def _rank_row(profile: RankFiles, parsed: ParsedRank) -> dict[str, object]:
         "world_size": int(meta.get("world_size") or -1),
         "clock_base_ns": int(meta.get("clock_base_ns") or 0),
         "clock_offset_ns": 0,
-        "events": parsed.events.num_rows,
+        "events": rows,
         "device_memory": int(meta.get("device_memory") or schema.NO_INT),
         "incomplete": str(meta.get("incomplete", "")),
     }
 
 
+
 def _arrow_strings(arrow_type: pa.DataType) -> object:
-    """String columns stay Arrow-backed in pandas: a fraction of the memory of Python objects."""
+    """The memory table's strings stay Arrow-backed in pandas (few rows, no Categorical needed)."""
     text = pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type)
     return pd.StringDtype("pyarrow") if text else None

@@ -79,39 +79,74 @@ class _Bundle:
 def settle(ranks: list[ParsedRank]) -> list[str]:
     """Fill in, in the gloo ranks' tables, the group / peer / seq their profiles leave open;
     returns warnings about what stays open."""
-    gloo = [p for p in ranks if p.meta.get("cross_rank")]  # ranks with something to settle
+    gloo = [p for p in ranks if unsettled(p)]
+    comm = {p.rank: comm_rows(p.events) for p in gloo}
+    warnings = settle_rows(gloo, comm, {p.rank for p in ranks})
+    for parsed in gloo:
+        parsed.events = write_settled(parsed.events, comm[parsed.rank])
+    return warnings
+
+
+def unsettled(rank: ParsedRank) -> bool:
+    """Whether the rank's profile left something for `settle` (a gloo rank)."""
+    return bool(rank.meta.get("cross_rank"))
+
+
+@dataclass
+class CommRows:
+    """What settling reads of a rank's table: its comm rows (`_COLUMNS` and `row`, their
+    number in the table), which it fills in, and the first start and last end of its events."""
+
+    rows: pd.DataFrame
+    span: tuple[int, int]
+
+
+def comm_rows(table: pa.Table) -> CommRows:
+    """The `CommRows` of one rank's table (where the table lies: a cluster's worker)."""
+    rows = pc.indices_nonzero(pc.not_equal(table["comm"], "")).to_numpy()
+    frame = schema.plain_strings(table.take(pa.array(rows)).select(_COLUMNS)).to_pandas()
+    return CommRows(frame.assign(row=rows), _span(table))
+
+
+def settle_rows(gloo: list[ParsedRank], comm: dict[int, CommRows], present: set[int]
+                ) -> list[str]:
+    """Settle the gloo ranks (their meta and groups; `comm` their `CommRows`, whose group /
+    peer / seq it fills in); returns warnings about what stays open."""
     if not gloo:
         return []
-    bundle = _bundle(gloo, {p.rank for p in ranks})
+    bundle = _bundle(gloo, comm, present)
     if any(p.meta["cross_rank"].get("open") for p in gloo):
         _settle_p2p(bundle)
         _settle_collectives(bundle)
     _number_instances(bundle)
     for parsed in gloo:
-        parsed.events = _written(parsed.events, bundle.comm[bundle.comm["rank"] == parsed.rank])
+        settled = bundle.comm[bundle.comm["rank"] == parsed.rank]
+        comm[parsed.rank].rows = settled.drop(columns=["rank", "end_ns"]).reset_index(drop=True)
     return bundle.warnings
 
 
-def _bundle(gloo: list[ParsedRank], present: set[int]) -> _Bundle:
+def write_settled(table: pa.Table, comm: CommRows) -> pa.Table:
+    """`table` with the group / peer / seq `settle_rows` filled in its `comm` rows."""
+    return _written(table, comm.rows)
+
+
+def _bundle(gloo: list[ParsedRank], comm: dict[int, CommRows], present: set[int]) -> _Bundle:
     frames, spans, issuer = [], {}, {}
     for parsed in gloo:
-        table = parsed.events
-        rows = pc.indices_nonzero(pc.not_equal(table["comm"], "")).to_numpy()
-        frame = table.take(pa.array(rows)).select(_COLUMNS).to_pandas()
-        frames.append(frame.assign(rank=parsed.rank, row=rows))
-        spans[parsed.rank] = _span(table)
+        frames.append(comm[parsed.rank].rows.assign(rank=parsed.rank))
+        spans[parsed.rank] = comm[parsed.rank].span
         for worker, issued in parsed.meta["cross_rank"].get("issuers", []):
             if issued >= 0:
                 issuer[(parsed.rank, worker)] = issued
-    comm = pd.concat(frames, ignore_index=True)
-    comm["end_ns"] = comm["start_ns"] + comm["dur_ns"]
+    rows = pd.concat(frames, ignore_index=True)
+    rows["end_ns"] = rows["start_ns"] + rows["dur_ns"]
     hosts = {str(p.meta.get("host") or "") for p in gloo}
     slack = SAME_HOST_SLACK_NS if len(hosts) == 1 and "" not in hosts else OTHER_HOST_SLACK_NS
     own = {p.rank: own_groups(p.rank, (g for g in p.groups if g.source == "pg_config"))
            for p in gloo}
-    where = {(int(r), int(w)): i for i, r, w in zip(comm.index, comm["rank"], comm["row"],
+    where = {(int(r), int(w)): i for i, r, w in zip(rows.index, rows["rank"], rows["row"],
                                                      strict=True)}
-    return _Bundle(comm, own, spans, issuer, present, slack, where)
+    return _Bundle(rows, own, spans, issuer, present, slack, where)
 
 
 def _span(table: pa.Table) -> tuple[int, int]:
@@ -500,13 +535,16 @@ def _written(table: pa.Table, rows: pd.DataFrame) -> pa.Table:
     """`table` with the group / peer / seq values of `rows` (its comm rows) where they changed."""
     for column in _WRITTEN:
         old = table.column(column).combine_chunks()
+        coded = pa.types.is_dictionary(old.type)  # strings: decoded to write, coded again
+        plain = old.dictionary_decode() if coded else old
         values = rows[column].to_numpy()
-        before = old.take(pa.array(rows["row"].to_numpy())).to_numpy(zero_copy_only=False)
+        before = plain.take(pa.array(rows["row"].to_numpy())).to_numpy(zero_copy_only=False)
         changed = values != before
         if not changed.any():
             continue
         mask = np.zeros(table.num_rows, dtype=bool)
         mask[rows["row"].to_numpy()[changed]] = True
-        new = pc.replace_with_mask(old, pa.array(mask), pa.array(values[changed], old.type))
+        new = pc.replace_with_mask(plain, pa.array(mask), pa.array(values[changed], plain.type))
+        new = new.dictionary_encode() if coded else new
         table = table.set_column(table.schema.get_field_index(column), column, new)
     return table

@@ -80,7 +80,7 @@ def _ceilings(subject: Subject) -> dict[str, object]:
         return {"causes": [], "refused": sorted(set(baseline.refused.values()))}
     rows, every = [], []
     with Progress("gain ceilings: one replay per cause", total=len(found) + 1,
-                  enabled=len(analysis.trace.events) > PROGRESS_EVENTS) as bar:
+                  enabled=analysis.trace.event_count > PROGRESS_EVENTS) as bar:
         for category in found:
             edits = remover(subject, category)
             if edits:

@@ -78,8 +78,7 @@ class Subject:
     def optimizer(self) -> np.ndarray:
         """Per op: the optimizer's (its name, or the annotation around it, names one)."""
         frame = self.graph.ops.frame
-        return searches(frame["name"].fillna(""), OPTIMIZER) | searches(
-            frame["annotation"].fillna(""), OPTIMIZER)
+        return searches(frame["name"], OPTIMIZER) | searches(frame["annotation"], OPTIMIZER)
 
     @cached_property
     def waiting(self) -> np.ndarray:
