@@ -101,7 +101,8 @@ def print_ceilings(console: Console, ceilings: dict[str, object] | None) -> None
             line = (f"  {row['category']:<18} saves at most {row['ceiling_ms']:.1f} ms "
                     f"({row['ceiling_pct']:.1f} % of the step)   [{row['edit']}]")
         console.print(styled(line), highlight=False, soft_wrap=True)
-    console.print(f"  {ceilings['rule']}", highlight=False, markup=False)
+    if ceilings["rule"]:
+        console.print(f"  {ceilings['rule']}", highlight=False, markup=False)
 
 
 def print_checked(console: Console, checked: dict[str, object]) -> None:
@@ -204,7 +205,7 @@ def ceilings_html(ceilings: dict[str, object] | None) -> str:
     return (f"<table class=\"ceilings\"><caption>gain ceilings by replay: what removing each "
             f"cause alone saves at most (median over steps)</caption><tr><th>cause</th>"
             f"<th>ms</th><th>% of step</th><th>modelled as</th></tr>{rows}</table>"
-            f"<p class=\"note\">{escape(ceilings['rule'])}</p>")
+            + (f"<p class=\"note\">{escape(ceilings['rule'])}</p>" if ceilings["rule"] else ""))
 
 
 def _bubble_table(rows: list[dict[str, object]]) -> str:
