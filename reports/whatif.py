@@ -12,6 +12,7 @@ from html import escape
 import numpy as np
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from reports.terminal import styled
 from reports.waterfall import MAX_SEGMENTS, waterfall
@@ -36,15 +37,17 @@ def print_prediction(console: Console, summary: dict[str, object]) -> None:
                   f"a rank's step (predictions need at most {replay['limit_pct']:.0f} %)",
                   highlight=False)
     for step, why in summary["refused"].items():
-        console.print(f"[red]step {step} not predicted:[/red] {why}", highlight=False)
+        console.print(Text.assemble((f"step {step} not predicted:", "red"), f" {why}"),
+                      highlight=False)
     time = summary["step_time"]
     if not time:
         return
     steps = len(summary["steps"])
-    console.print(f"[bold]step time {time['measured_ms']:.1f} → {time['predicted_ms']:.1f} ms "
-                  f"predicted: gain {time['gain_ms']:.1f} ms ({time['gain_pct']:.1f} %)[/bold], "
-                  f"best step {time['best_gain_ms']:.1f} ms, worst {time['worst_gain_ms']:.1f} "
-                  f"ms ({steps} step{'s' if steps > 1 else ''}, median)", highlight=False)
+    console.print(Text.assemble(
+        (f"step time {time['measured_ms']:.1f} → {time['predicted_ms']:.1f} ms predicted: gain "
+         f"{time['gain_ms']:.1f} ms ({time['gain_pct']:.1f} %)", "bold"),
+        f", best step {time['best_gain_ms']:.1f} ms, worst {time['worst_gain_ms']:.1f} ms "
+        f"({steps} step{'s' if steps > 1 else ''}, median)"), highlight=False)
     _table(console, "per step (slowest rank)", ("step", "measured ms", "predicted ms",
                                                 "gain ms", "slowest rank"),
            [(s["step"], f"{s['measured_ms']:.3f}", f"{s['predicted_ms']:.3f}",
@@ -98,7 +101,8 @@ def print_ceilings(console: Console, ceilings: dict[str, object] | None) -> None
             line = (f"  {row['category']:<18} saves at most {row['ceiling_ms']:.1f} ms "
                     f"({row['ceiling_pct']:.1f} % of the step)   [{row['edit']}]")
         console.print(styled(line), highlight=False, soft_wrap=True)
-    console.print(f"  {ceilings['rule']}", highlight=False, markup=False)
+    if ceilings["rule"]:
+        console.print(f"  {ceilings['rule']}", highlight=False, markup=False)
 
 
 def print_checked(console: Console, checked: dict[str, object]) -> None:
@@ -201,7 +205,7 @@ def ceilings_html(ceilings: dict[str, object] | None) -> str:
     return (f"<table class=\"ceilings\"><caption>gain ceilings by replay: what removing each "
             f"cause alone saves at most (median over steps)</caption><tr><th>cause</th>"
             f"<th>ms</th><th>% of step</th><th>modelled as</th></tr>{rows}</table>"
-            f"<p class=\"note\">{escape(ceilings['rule'])}</p>")
+            + (f"<p class=\"note\">{escape(ceilings['rule'])}</p>" if ceilings["rule"] else ""))
 
 
 def _bubble_table(rows: list[dict[str, object]]) -> str:

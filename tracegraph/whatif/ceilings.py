@@ -93,10 +93,18 @@ def _ceilings(subject: Subject) -> dict[str, object]:
             bar.advance()
         together = _ceiling(predict(subject, every)) if every else {"ceiling_ms": 0.0}
         bar.advance()
-    total = sum(r["ceiling_ms"] or 0.0 for r in rows)
     rows.sort(key=lambda r: -(r["ceiling_ms"] or -1.0))
-    return {"causes": rows, "together": together,
-            "rule": RULE.format(together=together["ceiling_ms"], total=total)}
+    return {"causes": rows, "together": together, "rule": _rule(rows, together["ceiling_ms"])}
+
+
+def _rule(rows: list[dict[str, object]], together: float) -> str:
+    """Why the ceilings do not add, where there is a sum to compare (two ceilings or more that
+    differ, as printed, from removing them all together); else nothing."""
+    ceilings = [r["ceiling_ms"] for r in rows if r["ceiling_ms"] is not None]
+    total = sum(ceilings)
+    if len(ceilings) < 2 or f"{together:.1f}" == f"{total:.1f}":
+        return ""
+    return RULE.format(together=together, total=total)
 
 
 def _ceiling(prediction: Prediction) -> dict[str, float]:
