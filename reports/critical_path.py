@@ -91,6 +91,8 @@ def path_lines(path: dict[str, object] | None) -> list[str]:
     kinds, categories = composition(path)
     lines = [f"  critical path {path['length_ms']:.3f} ms (the slowest rank's step): {kinds}",
              f"    by category (ms): {categories}"]
+    if path.get("caveat"):
+        lines.append(f"    unsure: {path['caveat']}")
     for run in folded(path_runs(path)):
         times = f"    {run['start_ms']:9.3f}–{run['end_ms']:9.3f} {run['dur_ms']:9.3f} ms  "
         if "folded" in run:

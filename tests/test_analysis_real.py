@@ -16,6 +16,7 @@ import pytest
 import tracegraph
 from tracegraph import causes, schema
 from tracegraph.analysis.analyze import Analysis, analyze
+from tracegraph.analysis.summary import summarize
 
 
 @pytest.fixture(scope="module")
@@ -115,6 +116,12 @@ def test_sampled_traces_are_flagged_unsafe_for_order_matching(real: Path, tmp_pa
     assert not analysis.matches.instances["safe"].all()
     # its gaps may be kernels the sampler dropped: no verdict on it is more than low
     assert analysis.bubbles and {b.sureness for b in analysis.bubbles} == {"low"}
+    # and so is the step's critical path (its "late launches" may be lost launch/kernel pairs:
+    # every launch left has its kernel); no gain ceiling is replayed on such a graph
+    summary = summarize(analysis)
+    assert all("sub-sampled" in path["caveat"] for path in summary["critical_path"].values())
+    assert summary["gain_ceilings"]["causes"] == []
+    assert "sub-sampled" in summary["gain_ceilings"]["refused"][0]
 
 
 def test_critical_path_runs_through_the_sleep(gloo: Analysis) -> None:

@@ -11,7 +11,7 @@ import pandas as pd
 
 from tracegraph import schema
 from tracegraph.analysis.blame import Blamer, Bubble
-from tracegraph.analysis.bubbles import find_bubbles
+from tracegraph.analysis.bubbles import SAMPLED, find_bubbles
 from tracegraph.analysis.critical_path import PathSegment, critical_path, step_windows_of_slowest
 from tracegraph.analysis.peers import Peers, find_peers
 from tracegraph.analysis.stragglers import profiled_ns, slow_ops, slow_ranks
@@ -47,6 +47,12 @@ class Analysis:
     peers: Peers  # who each rank's speed was judged against, and who was not judged
     slow_op: np.ndarray  # per op: straggler compute
     warnings: list[str] = field(default_factory=list)
+
+    @property
+    def caveat(self) -> str:
+        """What makes every timing verdict of this analysis unsure ("" when nothing does): a
+        sub-sampled or truncated trace, whose idle gaps may be events it lost."""
+        return f"{SAMPLED}: idle gaps may be events the trace lost" if self.graph.sampled else ""
 
     @property
     def origin(self) -> int:

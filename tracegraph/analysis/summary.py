@@ -26,8 +26,8 @@ def summarize(analysis: Analysis, *, step: int | None = None, top: int = 10,
         "bubbles": [_bubble(b, origin, members, present) for b in shown],
         "bubble_count": len(bubbles),
         "blame": {k: round(v, 3) for k, v in analysis.blame(step).items()},
-        "critical_path": {str(s): _path(p, origin) for s, p in analysis.critical_paths.items()
-                          if step is None or s == step},
+        "critical_path": {str(s): _path(p, origin, analysis.caveat)
+                          for s, p in analysis.critical_paths.items() if step is None or s == step},
         "slow_ranks": sorted(analysis.slow_ranks),
         "stragglers": {"peers": analysis.peers.groups(),
                        "not_judged": {str(r): why for r, why in analysis.peers.unjudged.items()}},
@@ -90,7 +90,7 @@ def _interval(piece: Interval, origin: int) -> dict[str, object]:
             **({"absent_group": piece.unprofiled_group} if piece.unprofiled_group else {})}
 
 
-def _path(path: list[PathSegment], origin: int) -> dict[str, object]:
+def _path(path: list[PathSegment], origin: int, caveat: str = "") -> dict[str, object]:
     def total(key) -> dict[str, float]:
         sums: dict[str, float] = {}
         for seg in path:
@@ -105,4 +105,5 @@ def _path(path: list[PathSegment], origin: int) -> dict[str, object]:
                       "kind": s.kind, "start_ms": _ms(s.start, origin),
                       "end_ms": _ms(s.end, origin), **({"note": s.note} if s.note else {})}
                      for s in path],
+        **({"caveat": caveat} if caveat else {}),
     }
