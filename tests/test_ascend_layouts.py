@@ -76,6 +76,16 @@ def test_the_step_spans_its_device_tasks_as_step_trace_time_says(rank: int, stag
     assert abs(marker["dur_ns"].iloc[0] - stage_us * 1000) < 1000
 
 
+def test_every_rank_keeps_what_its_step_table_states():
+    """step_trace_time.csv of each rank, by hand: step 13, Stage 810022.25 / 809431.75 /
+    809803.25 / 810150.25 µs and Computing 231290.1 / 230903.72 / 400448.26 / 401131.7 µs
+    (ranks 1 and 3 hold no timeline, so this is all that times their step)."""
+    stated = level2().trace.stated_steps().set_index("rank")
+    assert list(stated.index) == [0, 1, 2, 3] and set(stated["step"]) == {13}
+    assert stated["ms"].round(5).tolist() == [810.02225, 809.43175, 809.80325, 810.15025]
+    assert stated["computing_ms"].round(5).tolist() == [231.2901, 230.90372, 400.44826, 401.1317]
+
+
 def test_an_incomplete_kernel_table_is_said_to_be_one():
     """torch_npu_2023_comm's kernel_details.csv files are 21- and 22-row excerpts (by hand: `wc
     -l`); their step 2 spans 267.850 / 16.420 ms where step_trace_time.csv's Stage says
