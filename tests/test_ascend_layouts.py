@@ -30,6 +30,7 @@ from parsers.classify import double_hash
 from tests.conftest import REAL
 from tracegraph import schema
 from tracegraph.analysis.analyze import Analysis, analyze
+from tracegraph.verify import metrics
 
 PP2DP2 = REAL / "ascend" / "torch_npu_pp2dp2_level2_comm"
 BARE = REAL / "ascend" / "msprof_analyze_single" / "test/ut/advisor/timeline_advice/trace_view.json"
@@ -184,3 +185,15 @@ def test_raw_msprof_op_summary_gives_the_device_timeline(tmp_path: Path):
     hccl = events[events["kind"] == schema.COLLECTIVE]
     assert hccl["name"].tolist() == ["hcom_allReduce__612_4_1"] and hccl["seq"].tolist() == [4]
     assert any("op_summary" in w and "cannot be matched" in w for w in trace.warnings)
+
+
+def test_the_slowest_rank_is_the_one_its_step_table_times_slowest():
+    """Rank 3 has no timeline; its step_trace_time.csv's Stage of step 13, 810150.25 µs, beats
+    rank 0's 810022.25 µs (the slowest with a timeline): the step time and its slowest rank are
+    rank 3's, and no exposed bubble time is claimed for it."""
+    analysis = level2()
+    assert analysis.stated_steps()[["rank", "step"]].values.tolist() == [[1, 13], [3, 13]]
+    assert round(metrics.step_ms(analysis)[13], 5) == 810.15025
+    slowest = metrics.slowest_rank_bubbles(analysis)[13]
+    assert slowest.rank == 3 and slowest.stated
+    assert round(metrics.rank_step_ms(analysis)[1], 5) == 809.43175
