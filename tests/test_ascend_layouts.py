@@ -27,9 +27,11 @@ import pytest
 
 import tracegraph
 from parsers.classify import double_hash
+from reports.html import _kpis
 from tests.conftest import REAL
 from tracegraph import schema
 from tracegraph.analysis.analyze import Analysis, analyze
+from tracegraph.analysis.summary import summarize
 from tracegraph.verify import metrics
 
 PP2DP2 = REAL / "ascend" / "torch_npu_pp2dp2_level2_comm"
@@ -197,3 +199,6 @@ def test_the_slowest_rank_is_the_one_its_step_table_times_slowest():
     slowest = metrics.slowest_rank_bubbles(analysis)[13]
     assert slowest.rank == 3 and slowest.stated
     assert round(metrics.rank_step_ms(analysis)[1], 5) == 809.43175
+    kpis = _kpis(summarize(analysis, step=13), slowest)  # the report's step head
+    assert "810.1 ms</b> (slowest: rank 3)" in kpis and "summed over 2 ranks" in kpis
+    assert "its exposed bubble time is unknown" in kpis
