@@ -85,6 +85,7 @@ class Side:
     device: int | None = None  # from step_trace_time.csv's Device_id
     stages_us: dict[int, float] = field(default_factory=dict)  # step -> step_trace_time.csv's
     # Stage: msprof's step time, first to last device task (µs)
+    computing_us: dict[int, float] = field(default_factory=dict)  # step -> its Computing (µs)
     local_ranks: dict[str, set[int]] = field(default_factory=dict)  # group hash -> the
     # group-local ranks its communication_matrix.json links name
 
@@ -126,7 +127,8 @@ def load_side(files: RankFiles, read: Reader, warnings: list[str]) -> Side:
         side.ops = _comm_ops(stats, _matrix_links(matrix))
     if "step_trace" in files.files:
         member = files.files["step_trace"]
-        side.device, side.stages_us = _step_trace(read(member), member, warnings)
+        side.device, side.stages_us, side.computing_us = _step_trace(read(member), member,
+                                                                     warnings)
     return side
 
 
@@ -242,20 +244,25 @@ def _step_number(key: str) -> int:
 
 
 def _step_trace(data: bytes, member: str, warnings: list[str]
-                ) -> tuple[int | None, dict[int, float]]:
-    """step_trace_time.csv's `Device_id` (first row, if the column exists) and each step's
-    `Stage` (µs)."""
+                ) -> tuple[int | None, dict[int, float], dict[int, float]]:
+    """step_trace_time.csv's `Device_id` (first row, if the column exists), each step's `Stage`
+    and each step's `Computing` (µs)."""
     lines = data.decode("utf-8", errors="replace").splitlines()  # a bare CR ends one too
     try:
         rows = list(csv.DictReader(lines))
     except csv.Error as err:  # e.g. a field over the csv module's size limit
         warnings.append(f"{member}: unreadable CSV ({err}); device id and step times unknown")
-        return None, {}
+        return None, {}, {}
     device = rank_id(rows[0].get("Device_id")) if rows else None
-    stages = {}
+    return device, _column(rows, "Stage"), _column(rows, "Computing")
+
+
+def _column(rows: list[dict[str, str]], name: str) -> dict[int, float]:
+    """Step -> the number in column `name` of step_trace_time.csv's rows (where both read)."""
+    values = {}
     for row in rows:
-        step, stage = rank_id(row.get("Step")), row.get("Stage") or ""
+        step = rank_id(row.get("Step"))
         with contextlib.suppress(ValueError):
             if step is not None:
-                stages[step] = float(stage)
-    return device, stages
+                values[step] = float(row.get(name) or "")
+    return values

@@ -9,6 +9,7 @@ metadata.
 
 from __future__ import annotations
 
+import json
 import posixpath
 import re
 from collections.abc import Sequence
@@ -395,10 +396,19 @@ def meta(files: RankFiles, side: Side, device: int | None,
         "version": ";".join(f"{k}={v}" for k, v in stated.items()),
         "device": f"npu:{device}" if device is not None else "", "backend": "hccl",
         "clock_base_ns": 0, "comm_times": [op.times() for op in side.ops],
+        "stated_steps": stated_steps(side),
     }
     if side.world_size() is not None:
         found["world_size"] = side.world_size()
     return found
+
+
+def stated_steps(side: Side) -> str:
+    """step_trace_time.csv's steps as the RANKS `stated_steps` JSON: step -> [Stage, Computing]
+    in µs (Computing null where the table lacks it); "" without the table."""
+    steps = {str(step): [stage, side.computing_us.get(step)]
+             for step, stage in sorted(side.stages_us.items())}
+    return json.dumps(steps, separators=(",", ":")) if steps else ""
 
 
 def framework(files: RankFiles, side: Side, layers: set[str] | frozenset[str] = frozenset()

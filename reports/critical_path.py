@@ -83,13 +83,14 @@ def composition(path: dict[str, object]) -> list[str]:
     return [kinds, categories]
 
 
-def path_lines(path: dict[str, object] | None) -> list[str]:
-    """The path as terminal lines, like a bubble's chain: a head with its composition, then
-    a line per run (folded stretches as one line)."""
+def path_lines(path: dict[str, object] | None, whose: str = "the slowest rank's step"
+               ) -> list[str]:
+    """The path as terminal lines, like a bubble's chain: a head with its composition (and
+    `whose` step it spans), then a line per run (folded stretches as one line)."""
     if not path or not path["segments"]:
         return []
     kinds, categories = composition(path)
-    lines = [f"  critical path {path['length_ms']:.3f} ms (the slowest rank's step): {kinds}",
+    lines = [f"  critical path {path['length_ms']:.3f} ms ({whose}): {kinds}",
              f"    by category (ms): {categories}"]
     if path.get("caveat"):
         lines.append(f"    unsure: {path['caveat']}")

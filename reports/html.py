@@ -115,14 +115,15 @@ def _kpis(summary: dict[str, object], slowest: metrics.SlowestRank | None) -> st
     if not rows:
         return "<p class=\"note\">No ProfilerStep markers: the whole trace is one window.</p>"
     info = rows[0]
-    ranks_ms = sum(info["time_ms"].values())
+    timed = {r: ms for r, ms in info["time_ms"].items() if r not in info.get("from_step_table", [])}
+    ranks_ms = sum(timed.values())  # bubbles are measured on the ranks with a timeline only
     bubble_ms = sum(info["bubble_ms"].values())
     share = bubble_ms / ranks_ms if ranks_ms else 0.0
     rank = slowest.rank if slowest else max(info["time_ms"], key=info["time_ms"].get)
     return (f"<p><span class=\"kpi\">step time <b>{info['max_ms']:.1f} ms</b> "
             f"(slowest: rank {rank})</span><span class=\"kpi\">bubble share <b>"
             f"{share:.1%}</b> ({bubble_ms:.1f} of {ranks_ms:.1f} rank·ms, "
-            f"{rank_sum(len(info['time_ms']))})</span>"
+            f"{rank_sum(len(timed))})</span>"
             f"<span class=\"kpi\">{summary['bubble_count']} bubbles</span></p>"
             + _slowest(slowest))
 
@@ -131,6 +132,10 @@ def _slowest(slowest: metrics.SlowestRank | None) -> str:
     """The slowest rank's own exposed bubble time in the step, by cause."""
     if slowest is None:
         return ""
+    if slowest.stated:
+        return (f"<p class=\"note\">rank {slowest.rank} (slowest): its step time is from its "
+                "step table; its profile holds no timeline, so its exposed bubble time is "
+                "unknown.</p>")
     rows = "".join(f"<tr><td>{cause_label(k)}</td><td class=\"n\">{v:.3f}</td></tr>"
                    for k, v in slowest.by_cause.items())
     return (f"<table class=\"slowest\"><caption>rank {slowest.rank} (slowest): its own exposed "

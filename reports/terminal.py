@@ -34,15 +34,19 @@ def print_analysis(console: Console, summary: dict[str, object],
     slowest = metrics.slowest_rank_bubbles(analysis) if analysis is not None else {}
     labels = group_labels(pd.DataFrame(summary["groups"])) if summary.get("groups") else {}
     for step in summary["steps"]:
+        stated = step.get("from_step_table", [])
         table = Table(title=f"step {step['step']}: {step['max_ms']:.1f} ms (slowest rank)")
         table.add_column("rank")
         table.add_column("step ms", justify="right")
+        if stated:
+            table.add_column("from")
         for rank, ms in step["time_ms"].items():
-            table.add_row(rank, f"{ms:.3f}")
+            source = ["its step table (no timeline)" if rank in stated else "its timeline"]
+            table.add_row(rank, f"{ms:.3f}", *source[:bool(stated)])
         console.print(table)
         for line in step_bubble_lines(step, slowest.get(step["step"])):
             console.print(styled(line), highlight=False)
-        for line in path_lines(summary["critical_path"].get(str(step["step"]))):
+        for line in path_lines(summary["critical_path"].get(str(step["step"])), path_rank(step)):
             console.print(styled(named_groups(line, labels)), highlight=False, soft_wrap=True)
     offsets = summary["clock_offsets_ns"]
     if any(offsets.values()):
@@ -79,15 +83,33 @@ def straggler_lines(summary: dict[str, object], shown: int = 8) -> list[str]:
     return lines
 
 
+def path_rank(step: dict[str, object]) -> str:
+    """Whose step the critical path spans, as its head says: the slowest rank's, unless that
+    rank's step is from its step table (no timeline to walk)."""
+    stated = step.get("from_step_table", [])
+    timed = {r: ms for r, ms in step["time_ms"].items() if r not in stated}
+    slowest = max(step["time_ms"], key=step["time_ms"].get)
+    if slowest not in stated or not timed:
+        return "the slowest rank's step"
+    return (f"rank {max(timed, key=timed.get)}'s step, the slowest with a timeline; rank "
+            f"{slowest}'s step table states {step['time_ms'][slowest]:.3f} ms")
+
+
 def step_bubble_lines(step: dict[str, object], slowest: metrics.SlowestRank | None
                       ) -> list[str]:
-    """A step's bubble time by cause summed over its ranks, then (given `slowest`) the slowest
-    rank's own exposed bubble time."""
+    """A step's bubble time by cause summed over its ranks with a timeline, then (given
+    `slowest`) the slowest rank's own exposed bubble time."""
     lines = []
+    stated = step.get("from_step_table", [])
     if step["bubble_ms"]:
-        lines.append(f"  bubble time by cause, {rank_sum(len(step['time_ms']))} (rank·ms): "
-                     f"{cause_list(step['bubble_ms'])}")
-    if slowest is not None:
+        untimed = (f" with a timeline (ranks {', '.join(stated)}: step table only)" if stated
+                   else "")
+        lines.append(f"  bubble time by cause, {rank_sum(len(step['time_ms']) - len(stated))}"
+                     f"{untimed} (rank·ms): {cause_list(step['bubble_ms'])}")
+    if slowest is not None and slowest.stated:
+        lines.append(f"  rank {slowest.rank} (slowest) exposed bubble time: unknown (its step "
+                     "time is from its step table; its profile holds no timeline)")
+    elif slowest is not None:
         lines.append(f"  rank {slowest.rank} (slowest) exposed bubble time: "
                      f"{slowest.exposed_ms:.1f} ms"
                      + (f": {cause_list(slowest.by_cause)}" if slowest.by_cause else ""))

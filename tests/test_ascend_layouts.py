@@ -27,9 +27,12 @@ import pytest
 
 import tracegraph
 from parsers.classify import double_hash
+from reports.html import _kpis
 from tests.conftest import REAL
 from tracegraph import schema
 from tracegraph.analysis.analyze import Analysis, analyze
+from tracegraph.analysis.summary import summarize
+from tracegraph.verify import metrics
 
 PP2DP2 = REAL / "ascend" / "torch_npu_pp2dp2_level2_comm"
 BARE = REAL / "ascend" / "msprof_analyze_single" / "test/ut/advisor/timeline_advice/trace_view.json"
@@ -74,6 +77,16 @@ def test_the_step_spans_its_device_tasks_as_step_trace_time_says(rank: int, stag
     assert len(marker) == 1 and marker["kind"].iloc[0] == schema.MARKER
     # msprof sums float µs; the span here is exact ns: equal within a µs
     assert abs(marker["dur_ns"].iloc[0] - stage_us * 1000) < 1000
+
+
+def test_every_rank_keeps_what_its_step_table_states():
+    """step_trace_time.csv of each rank, by hand: step 13, Stage 810022.25 / 809431.75 /
+    809803.25 / 810150.25 µs and Computing 231290.1 / 230903.72 / 400448.26 / 401131.7 µs
+    (ranks 1 and 3 hold no timeline, so this is all that times their step)."""
+    stated = level2().trace.stated_steps().set_index("rank")
+    assert list(stated.index) == [0, 1, 2, 3] and set(stated["step"]) == {13}
+    assert stated["ms"].round(5).tolist() == [810.02225, 809.43175, 809.80325, 810.15025]
+    assert stated["computing_ms"].round(5).tolist() == [231.2901, 230.90372, 400.44826, 401.1317]
 
 
 def test_an_incomplete_kernel_table_is_said_to_be_one():
@@ -174,3 +187,18 @@ def test_raw_msprof_op_summary_gives_the_device_timeline(tmp_path: Path):
     hccl = events[events["kind"] == schema.COLLECTIVE]
     assert hccl["name"].tolist() == ["hcom_allReduce__612_4_1"] and hccl["seq"].tolist() == [4]
     assert any("op_summary" in w and "cannot be matched" in w for w in trace.warnings)
+
+
+def test_the_slowest_rank_is_the_one_its_step_table_times_slowest():
+    """Rank 3 has no timeline; its step_trace_time.csv's Stage of step 13, 810150.25 µs, beats
+    rank 0's 810022.25 µs (the slowest with a timeline): the step time and its slowest rank are
+    rank 3's, and no exposed bubble time is claimed for it."""
+    analysis = level2()
+    assert analysis.stated_steps()[["rank", "step"]].values.tolist() == [[1, 13], [3, 13]]
+    assert round(metrics.step_ms(analysis)[13], 5) == 810.15025
+    slowest = metrics.slowest_rank_bubbles(analysis)[13]
+    assert slowest.rank == 3 and slowest.stated
+    assert round(metrics.rank_step_ms(analysis)[1], 5) == 809.43175
+    kpis = _kpis(summarize(analysis, step=13), slowest)  # the report's step head
+    assert "810.1 ms</b> (slowest: rank 3)" in kpis and "summed over 2 ranks" in kpis
+    assert "its exposed bubble time is unknown" in kpis

@@ -96,3 +96,26 @@ def test_groups_are_named_not_numbered(tmp_path: Path) -> None:
     assert "@group_name_19" in text.replace("\n", "").replace("│", "").replace(" ", "")
     summary = json.loads(run_cli("analyze", bundle, "--json", "--cache-dir", tmp_path).stdout)
     assert {c["group"] for r in summary["ranks"] for c in r["comm_ops"]} >= {dp}
+
+
+def test_a_rank_without_a_timeline_is_timed_from_its_step_table(tmp_path: Path) -> None:
+    """Ranks 1 and 3 of the Ascend PP2 × DP2 job hold only communication.json; their
+    step_trace_time.csv, by hand: step 13, Stage 809431.75 and 810150.25 µs, Computing
+    230903.72 and 401131.7 µs. Rank 3 is the slowest (rank 0's Stage 810022.25 µs comes next);
+    its bubbles are unknown, and the critical path stays on rank 0, the slowest with a timeline."""
+    bundle = REAL / "ascend" / "torch_npu_pp2dp2_level2_comm"
+    summary = json.loads(run_cli("analyze", bundle, "--json", "--cache-dir", tmp_path).stdout)
+    step = summary["steps"][0]
+    assert step["time_ms"] == {"0": 810.022, "1": 809.432, "2": 809.803, "3": 810.15}
+    assert step["max_ms"] == 810.15 and step["from_step_table"] == ["1", "3"]
+    ranks = {r["rank"]: r for r in summary["ranks"]}
+    assert ranks[3]["steps"] == {"13": 810.15} and ranks[3]["steps_from_step_table"] == ["13"]
+    assert "steps_from_step_table" not in ranks[0]
+    assert summary["stragglers"]["not_judged"]["0"].endswith(
+        "rank 1: its profile holds no compute timeline; its step table states Computing 230.9 ms")
+    text = " ".join(run_cli("analyze", bundle, "--cache-dir", tmp_path).stdout.split())
+    assert "│ 3 │ 810.150 │ its step table (no timeline) │" in text
+    assert "summed over 2 ranks with a timeline (ranks 1, 3: step table only)" in text
+    assert "rank 3 (slowest) exposed bubble time: unknown" in text
+    assert ("critical path 810.022 ms (rank 0's step, the slowest with a timeline; rank 3's step "
+            "table states 810.150 ms)") in text

@@ -106,6 +106,7 @@ RANKS = pa.schema(
         ("events", pa.int64()),
         ("device_memory", pa.int64()),  # the device's memory capacity in bytes, NO_INT unknown
         ("incomplete", pa.string()),  # why its parser knows the profile misses events, "" if not
+        ("stated_steps", pa.string()),  # JSON step -> [µs, compute µs] its step table states, ""
     ]
 )
 

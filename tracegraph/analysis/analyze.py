@@ -73,6 +73,15 @@ class Analysis:
             steps.insert(1, "step", -1)
         return steps.assign(ms=(steps["end"] - steps["start"]) / NS_PER_MS).reset_index(drop=True)
 
+    def stated_steps(self) -> pd.DataFrame:
+        """rank, step, ms, computing_ms of the steps a rank's step table states (Ascend's
+        step_trace_time.csv) that its timeline holds no window of: a rank whose profile has no
+        timeline. They have a duration, never a window."""
+        stated = self.trace.stated_steps()
+        timed = pd.MultiIndex.from_frame(self.steps[["rank", "step"]].astype("int64"))
+        missing = ~pd.MultiIndex.from_frame(stated[["rank", "step"]].astype("int64")).isin(timed)
+        return stated[missing].reset_index(drop=True)
+
     def blame(self, step: int | None = None) -> dict[str, float]:
         """ms of bubble charged to each category (all steps, or one)."""
         totals: dict[str, float] = {}
@@ -101,7 +110,7 @@ def analyze(trace: Trace, *, threshold_ms: float = 1.0, executor: Executor | Non
         bar.advance()
         walk = BindingWalk(graph)
         profiled = profiled_ns(steps, graph.start, graph.end)
-        peers = find_peers(ops, trace.groups, graph.incomplete)
+        peers = find_peers(ops, trace.groups, graph.incomplete, trace.stated_steps())
         slow = slow_ranks(walk, profiled, peers)
         slow_op = slow_ops(ops, slow, profiled, peers)
         blamer = Blamer(walk, trace.groups, slow_op)

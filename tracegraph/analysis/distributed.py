@@ -87,7 +87,8 @@ def analyze_on_cluster(trace: ClusterTrace, *, threshold_ms: float = 1.0) -> Ana
     host = all_threads(list(itertools.chain(*parts.each(_main_modes))))
     incomplete = trace.incomplete_ranks()
     present = {r for facts in parts.facts for r in facts.ranks}
-    peers = peers_of(pd.concat(parts.each(_mix)).fillna(0), present, trace.groups, incomplete)
+    peers = peers_of(pd.concat(parts.each(_mix)).fillna(0), present, trace.groups, incomplete,
+                     trace.stated_steps())
     slow = slow_among(pd.concat(parts.each(_work)), profiled, host, peers)
     medians = pd.concat(parts.each(_medians), ignore_index=True)
     flagged, shared = slow_names(medians, slow, profiled, host, peers)

@@ -39,23 +39,27 @@ class Peers:
         return [ranks for ranks in members.values() if len(ranks) > 1]
 
 
-def find_peers(ops: Ops, groups: pd.DataFrame, incomplete: dict[int, str]) -> Peers:
+def find_peers(ops: Ops, groups: pd.DataFrame, incomplete: dict[int, str],
+               stated: pd.DataFrame | None = None) -> Peers:
     """The classes of measured ranks (their main lane holds compute and their profile is not
-    known to miss events) that run the same program, and why each other rank is not judged."""
-    return peers_of(op_mix(ops), set(ops.frame["rank"].unique().tolist()), groups, incomplete)
+    known to miss events) that run the same program, and why each other rank is not judged
+    (`stated`: `Trace.stated_steps`, what the ranks' step tables say they computed)."""
+    return peers_of(op_mix(ops), set(ops.frame["rank"].unique().tolist()), groups, incomplete,
+                    stated)
 
 
 def peers_of(mix: pd.DataFrame, present: set[int], groups: pd.DataFrame,
-             incomplete: dict[int, str]) -> Peers:
+             incomplete: dict[int, str], stated: pd.DataFrame | None = None) -> Peers:
     """`find_peers` from the ranks' `op_mix` (gathered from parts on a cluster) and the ranks
     that hold ops at all."""
+    computing = _stated_computing(stated)
     complete = [r for r in mix.index if int(r) not in incomplete]
     classes = _classes(mix.loc[complete], _replica_links(groups, set(complete)))
     sizes = pd.Series(classes).value_counts()
     unjudged = {r: f"its profile misses events: {why}" for r, why in incomplete.items()}
     if len(present) > 1:
         for rank in (r for r in complete if sizes[classes[r]] == 1):
-            unjudged[rank] = _no_peer(rank, present, groups, classes, incomplete)
+            unjudged[rank] = _no_peer(rank, present, groups, classes, incomplete, computing)
     return Peers(classes={r: c for r, c in classes.items() if sizes[c] > 1},
                  unjudged=dict(sorted(unjudged.items())))
 
@@ -115,14 +119,33 @@ def _dp_groups(groups: pd.DataFrame) -> list:
     return list(groups.loc[groups["dim"] == "dp", "ranks"]) if len(groups) else []
 
 
+def _stated_computing(stated: pd.DataFrame | None) -> dict[int, str]:
+    """Rank -> "Computing 230.9 ms" (per step, the mean, where it states several): what its
+    step table says it computed."""
+    if stated is None or not len(stated):
+        return {}
+    per = stated.dropna(subset=["computing_ms"]).groupby("rank")["computing_ms"].agg(
+        ["mean", "size"])
+    return {int(r): f"Computing {ms:.1f} ms" + (" per step" if n > 1 else "")
+            for r, (ms, n) in per.iterrows()}
+
+
+def _no_compute(rank: int, computing: dict[int, str]) -> str:
+    """What a rank that holds ops but no compute lacks, and what its step table says."""
+    if rank not in computing:
+        return f"rank {rank} holds no compute"
+    return (f"rank {rank}: its profile holds no compute timeline; its step table states "
+            f"{computing[rank]}")
+
+
 def _no_peer(rank: int, present: set[int], groups: pd.DataFrame, classes: dict[int, int],
-             incomplete: dict[int, str]) -> str:
+             incomplete: dict[int, str], computing: dict[int, str]) -> str:
     """Why `rank`, alone in its class, is not judged: its replicas' compute is not in the
     profile, else no rank runs its program."""
     replicas = sorted({int(r) for ranks in _dp_groups(groups) if rank in set(ranks)
                        for r in ranks} - {rank})
-    unseen = [f"rank {r} " + ("misses events" if r in incomplete else "holds no compute"
-                              if r in present else "is not in the bundle")
+    unseen = [f"rank {r} misses events" if r in incomplete else _no_compute(r, computing)
+              if r in present else f"rank {r} is not in the bundle"
               for r in replicas if r not in classes]
     if unseen:
         return f"no peer doing the same work: of its data-parallel replicas, {', '.join(unseen)}"

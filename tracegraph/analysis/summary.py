@@ -43,14 +43,22 @@ def _ms(ns: int, origin: int = 0) -> float:
 
 
 def _steps(analysis: Analysis, only: int | None) -> list[dict[str, object]]:
+    """Each step's time per rank: from its window, else from the rank's step table (those ranks
+    listed as `from_step_table`)."""
     rows = []
+    stated_ms: dict[int, dict[str, float]] = {}
+    for rank, step, ms in analysis.stated_steps()[["rank", "step", "ms"]].itertuples(index=False):
+        stated_ms.setdefault(int(step), {})[str(rank)] = round(float(ms), 3)
     for step, spans in analysis.steps.groupby("step"):
         if only is not None and step != only:
             continue
         times = {str(r): _ms(e - s) for r, s, e in spans[["rank", "start", "end"]].itertuples(
             index=False)}
+        stated = stated_ms.get(step, {})
+        times = dict(sorted((times | stated).items(), key=lambda kv: int(kv[0])))
         rows.append({"step": int(step), "time_ms": times, "max_ms": max(times.values()),
-                     "bubble_ms": {k: round(v, 3) for k, v in analysis.blame(int(step)).items()}})
+                     "bubble_ms": {k: round(v, 3) for k, v in analysis.blame(int(step)).items()},
+                     **({"from_step_table": sorted(stated, key=int)} if stated else {})})
     return rows
 
 

@@ -98,13 +98,20 @@ def _summary(bundle: Path, trace: Trace, summary: dict[str, object],
 
 def with_device_steps(ranks: list[dict[str, object]], analysis: Analysis) -> None:
     """Each rank's `steps` as the analysis times them (the device work each host step
-    launched: what the step tables show), its host markers' kept as `host_steps`."""
-    table = analysis.step_table()
+    launched: what the step tables show; a rank without a timeline, its step table's, listed in
+    `steps_from_step_table`), its host markers' kept as `host_steps`."""
+    import pandas as pd
+
+    table, stated = analysis.step_table(), analysis.stated_steps()
     for rank in ranks:
         mine = table[table["rank"] == rank["rank"]]
+        told = stated[stated["rank"] == rank["rank"]]
         rank["host_steps"] = rank["steps"]
         rank["steps"] = {str(int(s)): round(float(ms), 3) for s, ms in zip(
-            mine["step"], mine["ms"], strict=True) if s >= 0}
+            pd.concat([mine["step"], told["step"]]), pd.concat([mine["ms"], told["ms"]]),
+            strict=True) if s >= 0}
+        if len(told):
+            rank["steps_from_step_table"] = [str(int(s)) for s in told["step"]]
 
 
 def _check_step(bundle: Path, analysis: Analysis, step: int | None) -> None:
@@ -132,7 +139,9 @@ def _print_inventory(summary: dict[str, object]) -> None:
         lanes = ", ".join(f"{n} {k}" for k, n in r["lanes"].items())
         comm = "\n".join(f"{c['comm'] or 'collective'}×{c['count']} "
                          f"@{labels.get(c['group'], c['group']) or '?'}" for c in r["comm_ops"])
-        steps = ", ".join(f"#{k}: {v:.1f}" for k, v in r["steps"].items())
+        told = r.get("steps_from_step_table", [])
+        steps = ", ".join(f"#{k}: {v:.1f}" + (" (step table)" if k in told else "")
+                          for k, v in r["steps"].items())
         ranks.add_row(str(r["rank"]), r["framework"], f"{r['events']:,}", lanes, comm or "-",
                       steps or "-")
     out.print(ranks)

@@ -27,7 +27,7 @@ from parsers.base import GroupInfo, ParsedRank
 from parsers.validate import header_sound
 from tracegraph import schema
 
-CACHE_VERSION = "11"
+CACHE_VERSION = "12"
 """Bump when a parser's output or the entry layout changes, so stale entries are not reused."""
 EVENTS_FILE = "events.arrow"
 MEMORY_FILE = "memory.arrow"

@@ -297,6 +297,7 @@ def _rank_row(profile: RankFiles, parsed: ParsedRank, rows: int) -> dict[str, ob
         "events": rows,
         "device_memory": int(meta.get("device_memory") or schema.NO_INT),
         "incomplete": str(meta.get("incomplete", "")),
+        "stated_steps": str(meta.get("stated_steps", "")),
     }
 
 

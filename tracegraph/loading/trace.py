@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -117,6 +118,18 @@ class Trace:
             return {}
         flagged = self.ranks[self.ranks["incomplete"].fillna("") != ""]
         return dict(zip(flagged["rank"].astype(int), flagged["incomplete"], strict=True))
+
+    def stated_steps(self) -> pd.DataFrame:
+        """rank, step, ms, computing_ms of each step a rank's step table states (Ascend's
+        step_trace_time.csv: Stage and Computing; computing_ms nan where not stated)."""
+        columns = ["rank", "step", "ms", "computing_ms"]
+        if "stated_steps" not in self.ranks:
+            return pd.DataFrame(columns=columns)
+        stated = self.ranks[self.ranks["stated_steps"].fillna("") != ""]
+        rows = [(int(rank), int(step), stage / 1e3, np.nan if busy is None else busy / 1e3)
+                for rank, text in zip(stated["rank"], stated["stated_steps"], strict=True)
+                for step, (stage, busy) in json.loads(text).items()]
+        return pd.DataFrame(rows, columns=columns)
 
     def group_members(self) -> dict[str, tuple[int, ...]]:
         """Group id -> member global ranks (empty when the source did not say)."""

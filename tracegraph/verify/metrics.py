@@ -41,9 +41,17 @@ def step_table(analysis: Analysis) -> pd.DataFrame:
     return analysis.step_table()
 
 
+def step_times(analysis: Analysis) -> pd.DataFrame:
+    """rank, step, ms, stated: every rank's step time, from its window, else (stated True) from
+    its step table alone (`Analysis.stated_steps`: a rank without a timeline)."""
+    timed = step_table(analysis)[["rank", "step", "ms"]].assign(stated=False)
+    stated = analysis.stated_steps()[["rank", "step", "ms"]].assign(stated=True)
+    return pd.concat([timed, stated] if len(stated) else [timed], ignore_index=True)
+
+
 def step_ms(analysis: Analysis) -> dict[int, float]:
     """Step -> the slowest rank's step time."""
-    return {int(s): float(ms) for s, ms in step_table(analysis).groupby("step")["ms"].max().items()}
+    return {int(s): float(ms) for s, ms in step_times(analysis).groupby("step")["ms"].max().items()}
 
 
 def step_time_ms(analysis: Analysis) -> float:
@@ -54,7 +62,7 @@ def step_time_ms(analysis: Analysis) -> float:
 
 def rank_step_ms(analysis: Analysis) -> dict[int, float]:
     """Rank -> its median step time."""
-    return {int(r): float(ms) for r, ms in step_table(analysis).groupby("rank")["ms"].median()
+    return {int(r): float(ms) for r, ms in step_times(analysis).groupby("rank")["ms"].median()
             .items()}
 
 
@@ -89,25 +97,28 @@ def rank_bubble_ms(analysis: Analysis) -> dict[int, dict[str, float]]:
 
 class SlowestRank(NamedTuple):
     """A step's slowest rank and the bubble time it stood exposed itself (not summed over
-    ranks): in all, and by category, most first."""
+    ranks): in all, and by category, most first; `stated`: its step time is from its step table
+    alone (no timeline, so its bubbles are unknown)."""
 
     rank: int
     exposed_ms: float
     by_cause: dict[str, float]
+    stated: bool = False
 
 
 def slowest_rank_bubbles(analysis: Analysis) -> dict[int, SlowestRank]:
     """Step -> its slowest rank's own bubbles in that step."""
-    steps, table = step_table(analysis), bubble_table(analysis)
+    steps, table = step_times(analysis), bubble_table(analysis)
     exposed: Counter[tuple[int, int]] = Counter()
     for bubble in analysis.bubbles:
         exposed[bubble.step, bubble.rank] += bubble.dur
-    slowest = steps.loc[steps.groupby("step")["ms"].idxmax(), ["step", "rank"]]
+    slowest = steps.loc[steps.groupby("step")["ms"].idxmax(), ["step", "rank", "stated"]]
     out = {}
-    for step, rank in slowest.itertuples(index=False):
+    for step, rank, stated in slowest.itertuples(index=False):
         mine = table[(table["step"] == step) & (table["rank"] == rank)]
         out[int(step)] = SlowestRank(int(rank), exposed[step, rank] / NS_PER_MS,
-                                     _sorted(dict(zip(mine["category"], mine["ms"], strict=True))))
+                                     _sorted(dict(zip(mine["category"], mine["ms"], strict=True))),
+                                     bool(stated))
     return out
 
 
