@@ -40,7 +40,8 @@ def print_analysis(console: Console, summary: dict[str, object],
         for rank, ms in step["time_ms"].items():
             table.add_row(rank, f"{ms:.3f}")
         console.print(table)
-        for line in step_bubble_lines(step, slowest.get(step["step"])):
+        threshold = analysis.threshold_ms if analysis is not None else None
+        for line in step_bubble_lines(step, slowest.get(step["step"]), threshold):
             console.print(styled(line), highlight=False)
         for line in path_lines(summary["critical_path"].get(str(step["step"]))):
             console.print(styled(named_groups(line, labels)), highlight=False, soft_wrap=True)
@@ -79,16 +80,18 @@ def straggler_lines(summary: dict[str, object], shown: int = 8) -> list[str]:
     return lines
 
 
-def step_bubble_lines(step: dict[str, object], slowest: metrics.SlowestRank | None
-                      ) -> list[str]:
+def step_bubble_lines(step: dict[str, object], slowest: metrics.SlowestRank | None,
+                      threshold_ms: float | None = None) -> list[str]:
     """A step's bubble time by cause summed over its ranks, then (given `slowest`) the slowest
-    rank's own exposed bubble time."""
+    rank's own exposed bubble time: its stalls of at least `threshold_ms`, the shortest the
+    analysis counted as a bubble."""
     lines = []
     if step["bubble_ms"]:
         lines.append(f"  bubble time by cause, {rank_sum(len(step['time_ms']))} (rank·ms): "
                      f"{cause_list(step['bubble_ms'])}")
     if slowest is not None:
-        lines.append(f"  rank {slowest.rank} (slowest) exposed bubble time: "
+        stalls = f" in stalls ≥ {threshold_ms:g} ms" if threshold_ms is not None else ""
+        lines.append(f"  rank {slowest.rank} (slowest) exposed bubble time{stalls}: "
                      f"{slowest.exposed_ms:.1f} ms"
                      + (f": {cause_list(slowest.by_cause)}" if slowest.by_cause else ""))
     return lines

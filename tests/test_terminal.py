@@ -55,7 +55,8 @@ def test_step_totals_are_rank_ms_beside_the_slowest_rank_s_own(cache_dir: Path) 
         assert exposed < step_ms
         causes_text = ", ".join(f"{c} {ms:.1f}" for c, ms in sorted(by_cause.items(),
                                                                      key=lambda kv: -kv[1]))
-        assert (f"rank {int(rank)} (slowest) exposed bubble time: {exposed:.1f} ms: "
+        assert (f"rank {int(rank)} (slowest) exposed bubble time in stalls ≥ 1 ms: "
+                f"{exposed:.1f} ms: "
                 f"{causes_text}") in text
         # the sum over ranks exceeds the step itself: rank 1's 200 ms sleep, waited on by 3
         total = analysis.blame(int(step))[causes.COMPUTE_STRAGGLER]
@@ -96,3 +97,14 @@ def test_groups_are_named_not_numbered(tmp_path: Path) -> None:
     assert "@group_name_19" in text.replace("\n", "").replace("│", "").replace(" ", "")
     summary = json.loads(run_cli("analyze", bundle, "--json", "--cache-dir", tmp_path).stdout)
     assert {c["group"] for r in summary["ranks"] for c in r["comm_ops"]} >= {dp}
+
+
+def test_exposed_bubble_time_names_the_threshold_of_the_analysis_run(tmp_path: Path) -> None:
+    """Bubbles are the stalls of at least --threshold-ms: the slowest rank's line says which,
+    also when a second run reads the analysis from the cache."""
+    bundle = SAMPLES / "gloo_pp2_dp2"
+    for _ in range(2):
+        text = run_cli("analyze", bundle, "--threshold-ms", "2.5", "--cache-dir", tmp_path,
+                       "--top", "0").stdout
+        assert text.count("(slowest) exposed bubble time in stalls ≥ 2.5 ms: ") == 2, text
+    assert list(tmp_path.glob("analysis-*"))  # the second run read the stored analysis
