@@ -86,20 +86,22 @@ def step_bubble_lines(step: dict[str, object], slowest: metrics.SlowestRank | No
     rank's own exposed bubble time: its stalls of at least `threshold_ms`, the shortest the
     analysis counted as a bubble."""
     lines = []
-    if step["bubble_ms"]:
+    if shown := cause_list(step["bubble_ms"]):
         lines.append(f"  bubble time by cause, {rank_sum(len(step['time_ms']))} (rank·ms): "
-                     f"{cause_list(step['bubble_ms'])}")
+                     f"{shown}")
     if slowest is not None:
         stalls = f" in stalls ≥ {threshold_ms:g} ms" if threshold_ms is not None else ""
         lines.append(f"  rank {slowest.rank} (slowest) exposed bubble time{stalls}: "
                      f"{slowest.exposed_ms:.1f} ms"
-                     + (f": {cause_list(slowest.by_cause)}" if slowest.by_cause else ""))
+                     + (f": {shown}" if (shown := cause_list(slowest.by_cause)) else ""))
     return lines
 
 
 def cause_list(by_cause: dict[str, float]) -> str:
-    """"compute_straggler 604.4, dp_reduction 23.0" (ms, in the given order)."""
-    return ", ".join(f"{cause} {ms:.1f}" for cause, ms in by_cause.items())
+    """"compute_straggler 604.4, dp_reduction 23.0" (ms, in the given order), leaving out the
+    causes that round to 0.0 ms ("" when all do)."""
+    shown = ((cause, f"{ms:.1f}") for cause, ms in by_cause.items())
+    return ", ".join(f"{cause} {ms}" for cause, ms in shown if ms != "0.0")
 
 
 def styled(line: str) -> Text:

@@ -17,6 +17,7 @@ from tests.test_checks import run_cli
 from tracegraph import causes
 from tracegraph.analysis.analyze import analyze
 from tracegraph.analysis.summary import summarize
+from tracegraph.verify import metrics
 
 MS = 1e6
 
@@ -108,3 +109,16 @@ def test_exposed_bubble_time_names_the_threshold_of_the_analysis_run(tmp_path: P
                        "--top", "0").stdout
         assert text.count("(slowest) exposed bubble time in stalls ≥ 2.5 ms: ") == 2, text
     assert list(tmp_path.glob("analysis-*"))  # the second run read the stored analysis
+
+
+def test_causes_that_round_to_zero_are_left_out_of_the_text(cache_dir: Path) -> None:
+    """gloo_pp2_dp2_fixed: the slowest rank's host_launch bubble time in a step rounds to
+    0.0 ms; the numbers keep it, the terminal's cause lists leave it out."""
+    analysis = analyze(tracegraph.load(SAMPLES / "gloo_pp2_dp2_fixed", cache_dir=cache_dir))
+    slowest = metrics.slowest_rank_bubbles(analysis)
+    assert [c for s in slowest.values() for c, ms in s.by_cause.items() if round(ms, 1) == 0]
+    console = Console(record=True, width=300)
+    print_analysis(console, summarize(analysis), analysis)
+    cause_lines = [line for line in console.export_text().splitlines() if "bubble time" in line]
+    assert len(cause_lines) == 2 * len(slowest)
+    assert not [line for line in cause_lines if " 0.0" in line], cause_lines
