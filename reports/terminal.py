@@ -72,8 +72,8 @@ def straggler_lines(summary: dict[str, object], shown: int = 8) -> list[str]:
     if not summary["slow_ranks"] and not unjudged:
         return []
     lines = [f"compute stragglers: {summary['slow_ranks'] or 'none named'}"
-             + (f" (peers: {' '.join(map(str, judged['peers']))})" if judged.get("peers")
-                else "")]
+             + (f" (judged against peers doing the same work: "
+                f"{', '.join(map(str, judged['peers']))})" if judged.get("peers") else "")]
     lines += [f"  rank {rank} not judged: {why}" for rank, why in list(unjudged.items())[:shown]]
     if len(unjudged) > shown:
         lines.append(f"  … {len(unjudged) - shown} more ranks not judged")

@@ -11,7 +11,7 @@ from rich.console import Console
 
 import tracegraph
 from parsers.classify import double_hash
-from reports.terminal import chain_text, merged_intervals, print_analysis
+from reports.terminal import chain_text, merged_intervals, print_analysis, straggler_lines
 from tests.conftest import REAL, SAMPLES
 from tests.test_checks import run_cli
 from tracegraph import causes
@@ -122,3 +122,14 @@ def test_causes_that_round_to_zero_are_left_out_of_the_text(cache_dir: Path) -> 
     cause_lines = [line for line in console.export_text().splitlines() if "bubble time" in line]
     assert len(cause_lines) == 2 * len(slowest)
     assert not [line for line in cause_lines if " 0.0" in line], cause_lines
+
+
+def test_stragglers_line_says_what_the_peer_lists_are(cache_dir: Path) -> None:
+    """gloo_pp2_dp2: rank 1 (its 200 ms sleep) is the straggler, judged against the ranks of
+    its pipeline stage: stage 0 is ranks 0 and 2, stage 1 ranks 1 and 3."""
+    analysis = analyze(tracegraph.load(SAMPLES / "gloo_pp2_dp2", cache_dir=cache_dir))
+    summary = summarize(analysis)
+    assert summary["stragglers"]["peers"] == [[0, 2], [1, 3]]
+    [line] = [line for line in straggler_lines(summary) if "stragglers" in line]
+    assert line == ("compute stragglers: [1] (judged against peers doing the same work: "
+                    "[0, 2], [1, 3])")
