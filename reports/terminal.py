@@ -44,7 +44,8 @@ def print_analysis(console: Console, summary: dict[str, object],
             source = ["its step table (no timeline)" if rank in stated else "its timeline"]
             table.add_row(rank, f"{ms:.3f}", *source[:bool(stated)])
         console.print(table)
-        for line in step_bubble_lines(step, slowest.get(step["step"])):
+        threshold = analysis.threshold_ms if analysis is not None else None
+        for line in step_bubble_lines(step, slowest.get(step["step"]), threshold):
             console.print(styled(line), highlight=False)
         for line in path_lines(summary["critical_path"].get(str(step["step"])), path_rank(step)):
             console.print(styled(named_groups(line, labels)), highlight=False, soft_wrap=True)
@@ -75,8 +76,8 @@ def straggler_lines(summary: dict[str, object], shown: int = 8) -> list[str]:
     if not summary["slow_ranks"] and not unjudged:
         return []
     lines = [f"compute stragglers: {summary['slow_ranks'] or 'none named'}"
-             + (f" (peers: {' '.join(map(str, judged['peers']))})" if judged.get("peers")
-                else "")]
+             + (f" (judged against peers doing the same work: "
+                f"{', '.join(map(str, judged['peers']))})" if judged.get("peers") else "")]
     lines += [f"  rank {rank} not judged: {why}" for rank, why in list(unjudged.items())[:shown]]
     if len(unjudged) > shown:
         lines.append(f"  … {len(unjudged) - shown} more ranks not judged")
@@ -95,30 +96,34 @@ def path_rank(step: dict[str, object]) -> str:
             f"{slowest}'s step table states {step['time_ms'][slowest]:.3f} ms")
 
 
-def step_bubble_lines(step: dict[str, object], slowest: metrics.SlowestRank | None
-                      ) -> list[str]:
+def step_bubble_lines(step: dict[str, object], slowest: metrics.SlowestRank | None,
+                      threshold_ms: float | None = None) -> list[str]:
     """A step's bubble time by cause summed over its ranks with a timeline, then (given
-    `slowest`) the slowest rank's own exposed bubble time."""
+    `slowest`) the slowest rank's own exposed bubble time: its stalls of at least
+    `threshold_ms`, the shortest the analysis counted as a bubble."""
     lines = []
     stated = step.get("from_step_table", [])
-    if step["bubble_ms"]:
+    if shown := cause_list(step["bubble_ms"]):
         untimed = (f" with a timeline (ranks {', '.join(stated)}: step table only)" if stated
                    else "")
         lines.append(f"  bubble time by cause, {rank_sum(len(step['time_ms']) - len(stated))}"
-                     f"{untimed} (rank·ms): {cause_list(step['bubble_ms'])}")
+                     f"{untimed} (rank·ms): {shown}")
+    stalls = f" in stalls ≥ {threshold_ms:g} ms" if threshold_ms is not None else ""
     if slowest is not None and slowest.stated:
         lines.append(f"  rank {slowest.rank} (slowest) exposed bubble time: unknown (its step "
                      "time is from its step table; its profile holds no timeline)")
     elif slowest is not None:
-        lines.append(f"  rank {slowest.rank} (slowest) exposed bubble time: "
+        lines.append(f"  rank {slowest.rank} (slowest) exposed bubble time{stalls}: "
                      f"{slowest.exposed_ms:.1f} ms"
-                     + (f": {cause_list(slowest.by_cause)}" if slowest.by_cause else ""))
+                     + (f": {shown}" if (shown := cause_list(slowest.by_cause)) else ""))
     return lines
 
 
 def cause_list(by_cause: dict[str, float]) -> str:
-    """"compute_straggler 604.4, dp_reduction 23.0" (ms, in the given order)."""
-    return ", ".join(f"{cause} {ms:.1f}" for cause, ms in by_cause.items())
+    """"compute_straggler 604.4, dp_reduction 23.0" (ms, in the given order), leaving out the
+    causes that round to 0.0 ms ("" when all do)."""
+    shown = ((cause, f"{ms:.1f}") for cause, ms in by_cause.items())
+    return ", ".join(f"{cause} {ms}" for cause, ms in shown if ms != "0.0")
 
 
 def styled(line: str) -> Text:

@@ -523,3 +523,15 @@ def test_check_command_bad_input_and_usage_exit_2(tmp_path: Path) -> None:
     assert missing.exit_code == 2 and "nowhere" in missing.stderr
     assert run_cli("check", GLOO).exit_code == 2  # neither --rules nor --preset
     assert run_cli("check", GLOO, "--preset", "nope", "--no-cache").exit_code == 2
+
+
+def test_overlap_violation_says_how_many_steps_it_sums() -> None:
+    """A rank's dp communication in the gloo job is summed over its 2 profiled steps: the
+    violation says so, its ms being the sum of the overlap table's per-step rows."""
+    analysis = analyze(load(GLOO, jobs=1))
+    [overlap] = evaluate([_rule("min_overlap", dim="dp", ratio=0.25)], analysis)
+    table = metrics.overlap_table(analysis)
+    dp = table[(table["dim"] == "dp") & (table["rank"] == 3)]
+    assert dp["step"].nunique() == 2
+    [rank3] = [v for v in overlap.violations if v.rank == 3]
+    assert f"of {dp['comm_ms'].sum():.3f} ms of dp communication over 2 steps " in rank3.text

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import inspect
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
 
 from tests.conftest import SAMPLES
+from tracegraph.cli.app import app
 
 
 def tracegraph(*args: str, cache: Path) -> subprocess.CompletedProcess:
@@ -80,3 +84,17 @@ def test_check_on_groups_of_no_known_dimension(real: Path, cache_dir: Path) -> N
     assert overlap["status"] == "not_applicable"
     assert overlap["summary"] == "no dp communication in this bundle's steps"
     assert report["nothing_verified"]
+
+
+@pytest.mark.parametrize("command", ["report", "diff", "check", "export"])
+def test_command_help_reads_as_paragraphs(command: str) -> None:
+    """The docstrings' source line breaks are not kept: on a wide terminal each paragraph of a
+    command's help is one line (it broke mid-sentence: "… and the" / "pipeline view")."""
+    run = subprocess.run([sys.executable, "-m", "tracegraph", command, "--help"],
+                         capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "COLUMNS": "300", "NO_COLOR": "1"})
+    assert run.returncode == 0, run.stderr
+    doc = next(c.callback.__doc__ for c in app.registered_commands if c.name == command)
+    lines = [line.strip() for line in run.stdout.splitlines()]
+    for paragraph in inspect.cleandoc(doc).split("\n\n"):
+        assert " ".join(paragraph.split()) in lines, run.stdout

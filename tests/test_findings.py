@@ -245,3 +245,14 @@ def test_one_stage_memory_is_not_compared_with_itself(real: Path) -> None:
     assert finding.title == "device memory: peak 1.23 GiB" and finding.severity == "info"
     assert finding.evidence["stages"] == 1
     assert "one pipeline stage: no stage to compare it with" in finding.lines[0]
+
+
+def test_a_dim_with_next_to_no_communication_is_left_to_the_evidence(real: Path) -> None:
+    """torch_npu_pp2dp2_level2_comm: its TP communication inside the steps rounds to 0.0 ms; the
+    finding keeps it in its evidence but prints no "TP: 0.0 of 0.0 ms exposed" line."""
+    analysis = analyze(tracegraph.load(real / "ascend/torch_npu_pp2dp2_level2_comm",
+                                       use_cache=False))
+    finding = kinds(analysis)["exposed_comm"]
+    assert round(finding.evidence["by_dim"]["tp"]["comm_ms"], 1) == 0
+    assert not [line for line in finding.lines if line.startswith("TP:")]
+    assert [line for line in finding.lines if line.startswith("PP P2P: ")]

@@ -215,9 +215,26 @@ def test_order_matching_refused_when_members_show_different_counts() -> None:
     deps, result, _ = matched(b.trace())
     assert deps == {}
     assert result.warnings == [
-        "group dp: members show different collective sequences (rank 0: 2, rank 1: 1 ops); "
-        "matching by order is unsafe (sampled or truncated trace?), instances not matched"]
+        "group dp: members show different collective sequences (rank 0: 2, rank 1: 1 ops; "
+        "first difference at op #2: rank 0 allreduce, rank 1 none); matching by order is "
+        "unsafe (sampled or truncated trace?), instances not matched"]
     assert not result.instances["safe"].any() and len(result.instances) == 3
+
+
+def test_different_sequences_of_equal_counts_name_where_they_part() -> None:
+    """Both ranks show two ops of group dp, but rank 1's second is a broadcast: the warning
+    names the position and the two ops, not just the equal counts."""
+    b = TraceBuilder()
+    b.stream(0, 52).collective(10, 100, group="dp")
+    b.stream(0, 52).collective(200, 300, group="dp")
+    b.stream(1, 52).collective(20, 100, group="dp")
+    b.stream(1, 52).collective(210, 300, "broadcast", group="dp")
+    deps, result, _ = matched(b.trace())
+    assert deps == {}
+    assert result.warnings == [
+        "group dp: members show different collective sequences (rank 0: 2, rank 1: 2 ops; "
+        "first difference at op #2: rank 0 allreduce, rank 1 broadcast); matching by order "
+        "is unsafe (sampled or truncated trace?), instances not matched"]
 
 
 def test_order_matching_refused_when_members_never_overlap() -> None:

@@ -11,12 +11,13 @@ from rich.console import Console
 
 import tracegraph
 from parsers.classify import double_hash
-from reports.terminal import chain_text, merged_intervals, print_analysis
+from reports.terminal import chain_text, merged_intervals, print_analysis, straggler_lines
 from tests.conftest import REAL, SAMPLES
 from tests.test_checks import run_cli
 from tracegraph import causes
 from tracegraph.analysis.analyze import analyze
 from tracegraph.analysis.summary import summarize
+from tracegraph.verify import metrics
 
 MS = 1e6
 
@@ -55,7 +56,8 @@ def test_step_totals_are_rank_ms_beside_the_slowest_rank_s_own(cache_dir: Path) 
         assert exposed < step_ms
         causes_text = ", ".join(f"{c} {ms:.1f}" for c, ms in sorted(by_cause.items(),
                                                                      key=lambda kv: -kv[1]))
-        assert (f"rank {int(rank)} (slowest) exposed bubble time: {exposed:.1f} ms: "
+        assert (f"rank {int(rank)} (slowest) exposed bubble time in stalls ≥ 1 ms: "
+                f"{exposed:.1f} ms: "
                 f"{causes_text}") in text
         # the sum over ranks exceeds the step itself: rank 1's 200 ms sleep, waited on by 3
         total = analysis.blame(int(step))[causes.COMPUTE_STRAGGLER]
@@ -119,3 +121,38 @@ def test_a_rank_without_a_timeline_is_timed_from_its_step_table(tmp_path: Path) 
     assert "rank 3 (slowest) exposed bubble time: unknown" in text
     assert ("critical path 810.022 ms (rank 0's step, the slowest with a timeline; rank 3's step "
             "table states 810.150 ms)") in text
+
+
+def test_exposed_bubble_time_names_the_threshold_of_the_analysis_run(tmp_path: Path) -> None:
+    """Bubbles are the stalls of at least --threshold-ms: the slowest rank's line says which,
+    also when a second run reads the analysis from the cache."""
+    bundle = SAMPLES / "gloo_pp2_dp2"
+    for _ in range(2):
+        text = run_cli("analyze", bundle, "--threshold-ms", "2.5", "--cache-dir", tmp_path,
+                       "--top", "0").stdout
+        assert text.count("(slowest) exposed bubble time in stalls ≥ 2.5 ms: ") == 2, text
+    assert list(tmp_path.glob("analysis-*"))  # the second run read the stored analysis
+
+
+def test_causes_that_round_to_zero_are_left_out_of_the_text(cache_dir: Path) -> None:
+    """gloo_pp2_dp2_fixed: the slowest rank's host_launch bubble time in a step rounds to
+    0.0 ms; the numbers keep it, the terminal's cause lists leave it out."""
+    analysis = analyze(tracegraph.load(SAMPLES / "gloo_pp2_dp2_fixed", cache_dir=cache_dir))
+    slowest = metrics.slowest_rank_bubbles(analysis)
+    assert [c for s in slowest.values() for c, ms in s.by_cause.items() if round(ms, 1) == 0]
+    console = Console(record=True, width=300)
+    print_analysis(console, summarize(analysis), analysis)
+    cause_lines = [line for line in console.export_text().splitlines() if "bubble time" in line]
+    assert len(cause_lines) == 2 * len(slowest)
+    assert not [line for line in cause_lines if " 0.0" in line], cause_lines
+
+
+def test_stragglers_line_says_what_the_peer_lists_are(cache_dir: Path) -> None:
+    """gloo_pp2_dp2: rank 1 (its 200 ms sleep) is the straggler, judged against the ranks of
+    its pipeline stage: stage 0 is ranks 0 and 2, stage 1 ranks 1 and 3."""
+    analysis = analyze(tracegraph.load(SAMPLES / "gloo_pp2_dp2", cache_dir=cache_dir))
+    summary = summarize(analysis)
+    assert summary["stragglers"]["peers"] == [[0, 2], [1, 3]]
+    [line] = [line for line in straggler_lines(summary) if "stragglers" in line]
+    assert line == ("compute stragglers: [1] (judged against peers doing the same work: "
+                    "[0, 2], [1, 3])")

@@ -46,6 +46,11 @@ def test_whatif_prints_the_gain_and_the_bubbles(cache_dir: Path) -> None:
     # the measured step is the median of the slowest ranks' ProfilerStep#2 and #3 (227.682 and
     # 219.374 ms, read in the files); the headline is styled, never printed as markup
     assert "step time 223.5 → " in run.stdout and "[bold]" not in run.stdout
+    # the spread over the steps reads as gains, not as step times
+    time = json.loads(tracegraph("whatif", str(GLOO), "--straggler", "1=median", "--json",
+                                 cache=cache_dir).stdout)["step_time"]
+    assert (f"median of 2 steps; gain per step: best {time['best_gain_ms']:.1f} ms, worst "
+            f"{time['worst_gain_ms']:.1f} ms") in " ".join(run.stdout.split())
 
 
 @pytest.mark.parametrize(("args", "said"), [

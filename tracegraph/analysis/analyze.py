@@ -47,6 +47,7 @@ class Analysis:
     peers: Peers  # who each rank's speed was judged against, and who was not judged
     slow_op: np.ndarray  # per op: straggler compute
     warnings: list[str] = field(default_factory=list)
+    threshold_ms: float = 1.0  # the shortest stall counted as a bubble
 
     @property
     def caveat(self) -> str:
@@ -123,7 +124,7 @@ def analyze(trace: Trace, *, threshold_ms: float = 1.0, executor: Executor | Non
     return Analysis(trace=trace, ops=ops, matches=matches, graph=graph, offsets=offsets,
                     start=graph.start, end=graph.end, steps=steps, bubbles=bubbles,
                     critical_paths=paths, slow_ranks=slow, peers=peers, slow_op=slow_op,
-                    warnings=graph.warnings + graph.cycle_warnings())
+                    warnings=graph.warnings + graph.cycle_warnings(), threshold_ms=threshold_ms)
 
 
 def step_windows(events: pd.DataFrame, offsets: dict[int, int]) -> pd.DataFrame:

@@ -100,7 +100,8 @@ def analyze_on_cluster(trace: ClusterTrace, *, threshold_ms: float = 1.0) -> Ana
     analysis = ClusterAnalysis(trace=trace, ops=None, matches=None, graph=None,  # gathered
                                offsets=offsets, start=None, end=None, steps=steps,
                                bubbles=bubbles, critical_paths=paths, slow_ranks=slow,
-                               peers=peers, slow_op=None, warnings=warnings)
+                               peers=peers, slow_op=None, warnings=warnings,
+                               threshold_ms=threshold_ms)
     for name in _GATHERED:
         delattr(analysis, name)
     analysis._parts, analysis._cross = parts, cross

@@ -6,6 +6,8 @@ so `tracegraph --help` and commands that need none of them start fast.
 
 from __future__ import annotations
 
+import inspect
+
 import typer
 
 from tracegraph.cli.analyze import analyze_command
@@ -16,6 +18,14 @@ from tracegraph.cli.report import report_command
 from tracegraph.cli.simulate import simulate_command
 from tracegraph.cli.whatif import whatif_command
 
+
+def reflowed(doc: str | None) -> str:
+    """A docstring as help text: each paragraph's lines joined into one, so the terminal wraps
+    it instead of breaking it where the source did."""
+    paragraphs = inspect.cleandoc(doc or "").split("\n\n")
+    return "\n\n".join(" ".join(p.split()) for p in paragraphs)
+
+
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Find why a distributed training step is slow.",
                   callback=tolerant_streams)
@@ -23,7 +33,7 @@ for name, command in (("analyze", analyze_command), ("report", report_command),
                       ("diff", diff_command), ("check", check_command),
                       ("simulate", simulate_command), ("export", export_command),
                       ("graph", graph_command), ("whatif", whatif_command)):
-    app.command(name=name)(command)
+    app.command(name=name, help=reflowed(command.__doc__))(command)
 
 
 def main() -> None:

@@ -301,8 +301,9 @@ def _instance_keys(group: str, ops: pd.DataFrame, warnings: list[str]) -> tuple[
     if counts.nunique() > 1 or comms.nunique() > 1:
         warnings.append(
             f"group {group}: members show different collective sequences "
-            f"({', '.join(f'rank {r}: {n}' for r, n in counts.items())} ops); "
-            "matching by order is unsafe (sampled or truncated trace?), instances not matched")
+            f"({', '.join(f'rank {r}: {n}' for r, n in counts.items())} ops; "
+            f"{_first_difference(comms)}); matching by order is unsafe (sampled or truncated "
+            "trace?), instances not matched")
         return pd.Series(-1 - np.arange(len(ordered)), index=ordered.index), False
     apart = _instances_apart(ordered, nth)
     if apart:
@@ -311,6 +312,20 @@ def _instance_keys(group: str, ops: pd.DataFrame, warnings: list[str]) -> tuple[
             "same time; matching by order is unsafe (sampled trace?), instances not matched")
         return pd.Series(-1 - np.arange(len(ordered)), index=ordered.index), False
     return nth.reindex(ops.index), True
+
+
+def _first_difference(comms: pd.Series) -> str:
+    """Where the first rank whose sequence of collectives (rank -> tuple of comm names) differs
+    from the first rank's parts from it: "first difference at op #3: rank 0 allreduce, rank 1
+    broadcast" (a rank whose sequence ended first shows "none")."""
+    (first, mine), *others = comms.items()
+    for rank, theirs in others:
+        if theirs != mine:
+            a, b = (*mine, "none"), (*theirs, "none")
+            at = next(i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y)
+            return (f"first difference at op #{at + 1}: rank {first} {a[at]}, "
+                    f"rank {rank} {b[at]}")
+    return ""
 
 
 def _instances_apart(ordered: pd.DataFrame, nth: pd.Series) -> int:

@@ -457,17 +457,24 @@ def min_overlap(facts: Facts, dim: str, ratio: float) -> CheckResult:
     if reason := facts.lacks_timeline():
         return _not_applicable(reason)
     table = metrics.overlap_table(facts.analysis)
-    sums = table[table["dim"] == dim].groupby("rank")[["comm_ms", "overlap_ms"]].sum()
+    sums = table[table["dim"] == dim].groupby("rank").agg(
+        comm_ms=("comm_ms", "sum"), overlap_ms=("overlap_ms", "sum"), steps=("step", "nunique"))
     sums = sums[sums["comm_ms"] > 0]
     if not len(sums):
         return _not_applicable(f"no {dim} communication in this bundle's steps")
     shares = sums["overlap_ms"] / sums["comm_ms"]
     found = [facts.violation(int(rank), -1, f"{share:.1%} of {sums.at[rank, 'comm_ms']:.3f} ms "
-                             f"of {dim} communication overlaps main-lane compute (< {ratio:.0%})")
+                             f"of {dim} communication {_over_steps(sums.at[rank, 'steps'])} "
+                             f"overlaps main-lane compute (< {ratio:.0%})")
              for rank, share in shares.items() if share < ratio]
     overall = float(sums["overlap_ms"].sum() / sums["comm_ms"].sum())
     return _result(found, f"{dim} communication overlapped by compute: {overall:.1%} overall, "
                           f"lowest rank {shares.min():.1%} (at least {ratio:.0%})", overall)
+
+
+def _over_steps(count: int) -> str:
+    """"over 2 steps": what a sum over a rank's steps spans."""
+    return f"over {count} step{'s' if count != 1 else ''}"
 
 
 def max_exposed_comm(facts: Facts, dim: str, ms: float) -> CheckResult:

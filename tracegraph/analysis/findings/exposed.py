@@ -74,13 +74,14 @@ def finding(analysis, stages: dict[int, int]) -> Finding | None:
             "worst_rank": int(top["rank"]), "worst_exposed_ms": round(top["own_ms"], 3),
             "by_stage": {str(s): {k: round(v, 3) for k, v in r.items()}
                          for s, r in stage_rows.iterrows()}}
-        stage_text = ", ".join(f"stage {s} {r['exposed_ms']:.1f}/{r['comm_ms']:.1f}"
-                               for s, r in stage_rows.iterrows())
-        lines.append(f"{NAMES.get(dim, dim)}: {exposed:.1f} of {comm:.1f} ms exposed per step "
-                     f"(summed over ranks, {1 - exposed / comm:.0%} hidden)"
-                     f"{_not_own(waiting, unexplained)} on rank {int(top['rank'])}: "
-                     f"{top['own_ms']:.1f} ms; per rank by stage (exposed/total ms): "
-                     f"{stage_text}")
+        if round(comm, 1):  # a dim that rounds to 0.0 ms is left to the evidence
+            stage_text = ", ".join(f"stage {s} {r['exposed_ms']:.1f}/{r['comm_ms']:.1f}"
+                                   for s, r in stage_rows.iterrows())
+            lines.append(f"{NAMES.get(dim, dim)}: {exposed:.1f} of {comm:.1f} ms exposed per "
+                         f"step (summed over ranks, {1 - exposed / comm:.0%} hidden)"
+                         f"{_not_own(waiting, unexplained)} on rank {int(top['rank'])}: "
+                         f"{top['own_ms']:.1f} ms; per rank by stage (exposed/total ms): "
+                         f"{stage_text}")
         mostly = own / comm > EXPOSED_SHARE if comm else False
         if mostly and top["own_ms"] > STEP_SHARE * step_ms[top["rank"]] and (
                 worst is None or top["own_ms"] > worst[1]):
