@@ -39,7 +39,6 @@ from parsers.ascend_rows import (
     device_step_marks,
     groups,
     hccl_names,
-    int64s,
     local_ranks,
     meta,
     notify_ids,
@@ -53,7 +52,7 @@ from parsers.ascend_rows import (
 )
 from parsers.base import Format, ParsedRank, RankFiles, Reader, TraceError
 from parsers.classify import parse_hccl_name
-from parsers.values import LABEL_LIMIT, cut, decimal_micros_to_ns, micros_to_ns, to_int
+from parsers.values import LABEL_LIMIT, cut, decimal_micros_to_ns, ints, micros_to_ns, to_int
 from tracegraph.schema import (
     COLLECTIVE,
     COMM,
@@ -242,7 +241,7 @@ def _trace_frame(events: list[_Event], ctx: Context) -> tuple[pd.DataFrame, int 
     cann = _cann_frame(layers["cann"], ctx)
     ctx.steps.link(cann)
     ops_events, task_events = _split_comm(layers["comm"])
-    op_conns = set(int64s(_args(ops_events, "connection_id"))) - {NO_INT}
+    op_conns = set(ints(_args(ops_events, "connection_id"))) - {NO_INT}
     device = _device_frame(layers["device"], op_conns, ctx)
     ops = _op_frame(ops_events, device, ctx)
     tasks = _task_frame(task_events, ops, ctx)
@@ -346,7 +345,7 @@ def _cann_frame(events: list[_Event], ctx: Context) -> pd.DataFrame:
     frame = _base(events, ctx.where)
     thread_lane(frame)
     frame["kind"] = HOST
-    frame["correlation"] = int64s(_args(events, "connection_id"))
+    frame["correlation"] = ints(_args(events, "connection_id"))
     frame["step"] = ctx.steps.host(frame["start_ns"].to_numpy())
     return frame
 
@@ -354,15 +353,15 @@ def _cann_frame(events: list[_Event], ctx: Context) -> pd.DataFrame:
 def _device_frame(events: list[_Event], op_conns: set[int], ctx: Context) -> pd.DataFrame:
     """Device tasks: wait / record / memcpy / comm_task (subtask of an HCCL op) / compute."""
     frame = _base(events, ctx.where)
-    stream = int64s(_args(events, "physic_stream"))
-    for fallback in (int64s(_args(events, "stream_id")), int64s(frame["tid"].tolist())):
+    stream = ints(_args(events, "physic_stream"))
+    for fallback in (ints(_args(events, "stream_id")), ints(frame["tid"].tolist())):
         stream = np.where(stream == NO_INT, fallback, stream)
     frame["stream"] = stream
     device_lane(frame)
     frame["task_type"] = texts(_args(events, "task_type"))
-    frame["correlation"] = int64s(_args(events, "connection_id"))
-    size = int64s(_args(events, "data_size"))
-    frame["bytes"] = np.where(size == NO_INT, int64s(_args(events, "size_b")), size)
+    frame["correlation"] = ints(_args(events, "connection_id"))
+    size = ints(_args(events, "data_size"))
+    frame["bytes"] = np.where(size == NO_INT, ints(_args(events, "size_b")), size)
     frame["kind"] = device_kinds(frame["name"], frame["task_type"],
                                  frame["correlation"].to_numpy(), op_conns)
     return frame
@@ -371,9 +370,9 @@ def _device_frame(events: list[_Event], op_conns: set[int], ctx: Context) -> pd.
 def _op_frame(events: list[_Event], device: pd.DataFrame, ctx: Context) -> pd.DataFrame:
     """HCCL op rows: collective / p2p with group, instance number, device stream and bytes."""
     frame = _base(events, ctx.where)
-    frame["correlation"] = int64s(_args(events, "connection_id"))
+    frame["correlation"] = ints(_args(events, "connection_id"))
     frame["dtype"] = texts(_args(events, "data_type"))
-    frame["bytes"] = op_bytes(int64s(_args(events, "count")), frame["dtype"])
+    frame["bytes"] = op_bytes(ints(_args(events, "count")), frame["dtype"])
     op_streams(frame, device)
     frame["step"] = ctx.steps.device(frame["start_ns"].to_numpy(), frame["correlation"].to_numpy())
     parsed = hccl_names(frame)
@@ -385,7 +384,7 @@ def _op_frame(events: list[_Event], device: pd.DataFrame, ctx: Context) -> pd.Da
         ctx.warnings.append(f"{ctx.where}: {unknown} HCCL ops with no known group")
     frame["lane"] = comm_lane(frame["group"])
     frame["lane_kind"] = COMM
-    frame["rank_size"] = int64s(_args(events, "rank_size"))
+    frame["rank_size"] = ints(_args(events, "rank_size"))
     return frame
 
 
@@ -398,8 +397,8 @@ def _task_frame(events: list[_Event], ops: pd.DataFrame, ctx: Context) -> pd.Dat
     frame["notify_id"] = notify_ids(_args(events, "notify_id"))
     frame["src_rank"] = local_ranks(_args(events, "src_rank"))
     frame["dst_rank"] = local_ranks(_args(events, "dst_rank"))
-    frame["bytes"] = int64s(_args(events, "size_byte"))
-    frame["block"] = _blocks(int64s(frame["tid"].tolist()), ops, ctx)
+    frame["bytes"] = ints(_args(events, "size_byte"))
+    frame["block"] = _blocks(ints(frame["tid"].tolist()), ops, ctx)
     frame["op"] = _containing_op(frame, ops)
     own = frame["op"].to_numpy() >= 0
     pick = np.clip(frame["op"].to_numpy(), 0, None)
@@ -407,7 +406,7 @@ def _task_frame(events: list[_Event], ops: pd.DataFrame, ctx: Context) -> pd.Dat
                             ("step", NO_INT)):
         values = ops[column].to_numpy()[pick] if len(ops) else default
         frame[column] = np.where(own, values, default)
-    by_block = ops.assign(block=int64s(ops["tid"].tolist())).groupby("block")["group"].max()
+    by_block = ops.assign(block=ints(ops["tid"].tolist())).groupby("block")["group"].max()
     frame["group"] = frame["group"].where(own, frame["block"].map(by_block).fillna(""))
     plane = [_plane(ctx.threads.get((p, t), ""), t, b)
              for p, t, b in zip(frame["pid"], frame["tid"], frame["block"], strict=True)]
@@ -419,7 +418,7 @@ def _blocks(tids: np.ndarray, ops: pd.DataFrame, ctx: Context) -> np.ndarray:
     """The op-row thread ("Group … Communication") each plane thread belongs to: msprof numbers
     a group's planes right after its op thread."""
     named = [t for (_, t), name in ctx.threads.items() if GROUP_THREAD.fullmatch(name)]
-    op_tids = np.unique(np.concatenate([int64s(ops["tid"].tolist()), int64s(named)]))
+    op_tids = np.unique(np.concatenate([ints(ops["tid"].tolist()), ints(named)]))
     op_tids = op_tids[op_tids != NO_INT]
     if not len(op_tids):
         return np.zeros(len(tids), dtype=np.int64)
@@ -431,7 +430,7 @@ def _containing_op(tasks: pd.DataFrame, ops: pd.DataFrame) -> pd.Series:
     if ops.empty or tasks.empty:
         return pd.Series(NO_INT, index=tasks.index, dtype=np.int64)
     right = pd.DataFrame({"start_ns": ops["start_ns"], "end": ops["start_ns"] + ops["dur_ns"],
-                          "block": int64s(ops["tid"].tolist()), "pid": ops["pid"].astype(str),
+                          "block": ints(ops["tid"].tolist()), "pid": ops["pid"].astype(str),
                           "op": np.arange(len(ops))})
     left = pd.DataFrame({"start_ns": tasks["start_ns"], "block": tasks["block"],
                          "pid": tasks["pid"].astype(str), "row": np.arange(len(tasks))})

@@ -21,15 +21,13 @@ from parsers.ascend_rows import (
     concat,
     device_kinds,
     device_lane,
-    dur_ns,
     hccl_names,
-    int64s,
     op_group,
     peer,
 )
 from parsers.base import Reader, TraceError
 from parsers.classify import parse_hccl_name
-from parsers.values import decimal_micros_to_ns
+from parsers.values import decimal_micros_to_ns, ints, micros_to_ns
 from tracegraph.schema import COMM, NO_INT, P2P
 
 ALIASES = {  # our name -> the header each table writes it under
@@ -89,15 +87,16 @@ def _starts(table: pd.DataFrame, member: str) -> np.ndarray:
     if len(table) and table["start_unit"].iloc[0] == "ns":
         numbers = pd.to_numeric(table["start"], errors="coerce")
         if numbers.notna().all() and (numbers > NS_FROM).all():
-            return int64s(values)
+            return ints(values)
     return decimal_micros_to_ns(values)
 
 
 def _device_rows(table: pd.DataFrame, member: str) -> pd.DataFrame:
     frame = pd.DataFrame({
         "name": table["name"].to_numpy(object), "start_ns": _starts(table, member),
-        "dur_ns": dur_ns(table["duration"].tolist()), "stream": int64s(table["stream"].tolist()),
-        "task_type": table["core"].to_numpy(object), "step": int64s(table["step"].tolist()),
+        "dur_ns": micros_to_ns(table["duration"].tolist()),
+        "stream": ints(table["stream"].tolist()),
+        "task_type": table["core"].to_numpy(object), "step": ints(table["step"].tolist()),
     })
     device_lane(frame)
     frame["kind"] = device_kinds(frame["name"], frame["task_type"],
@@ -109,7 +108,7 @@ def _comm_rows(table: pd.DataFrame, member: str, ctx: Context) -> pd.DataFrame:
     """HCCL ops of the table, their groups resolved as for a trace's op rows."""
     frame = pd.DataFrame({
         "name": table["name"].to_numpy(object), "start_ns": _starts(table, member),
-        "dur_ns": dur_ns(table["duration"].tolist()), "step": int64s(table["step"].tolist()),
+        "dur_ns": micros_to_ns(table["duration"].tolist()), "step": ints(table["step"].tolist()),
         "task_type": table["core"].to_numpy(object),
     })
     parsed = hccl_names(frame)

@@ -55,16 +55,6 @@ Scalar = int | float | str | None
 # --- column helpers --------------------------------------------------------------------------
 
 
-def dur_ns(values: Sequence[Scalar]) -> np.ndarray:
-    """Float µs -> ns; UNREADABLE where missing or unreadable (counted by `parsers.validate`)."""
-    return micros_to_ns(values)
-
-
-def int64s(values: Sequence[Scalar]) -> np.ndarray:
-    """Integers with NO_INT where missing, UNREADABLE where unreadable."""
-    return ints(values)
-
-
 def texts(values: Sequence[Scalar]) -> pd.Series:
     """Strings with "" where missing, cut to NAME_LIMIT."""
     return pc.fill_null(capped_texts(values), "").to_pandas()
@@ -72,7 +62,7 @@ def texts(values: Sequence[Scalar]) -> pd.Series:
 
 def local_ranks(values: Sequence[Scalar]) -> np.ndarray:
     """Group-local ranks; 4294967295 (a local, on-chip task) and missing -> NO_INT."""
-    ranks = int64s(values)
+    ranks = ints(values)
     return np.where((ranks < 0) | (ranks > _INT32_MAX), NO_INT, ranks)
 
 
