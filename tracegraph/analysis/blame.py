@@ -154,9 +154,7 @@ class Blamer:
             return str(self.comm_category[op])
         if self.slow_op[op]:
             return causes.COMPUTE_STRAGGLER
-        if self.idle_compute == causes.PEER_COMPUTE and self.graph.rank[op] == rank:
-            return causes.OWN_COMPUTE  # no peer's: the rank's own
-        return self.idle_compute
+        return own_or(self.idle_compute, int(self.graph.rank[op]), rank)
 
     def _interval(self, piece: Piece, rank: int | None = None) -> Interval:
         graph, op = self.graph, piece.op
@@ -174,6 +172,13 @@ class Blamer:
             note = UNMATCHED
         return Interval(piece.start, piece.end, self.category(piece, rank), int(graph.rank[op]),
                         str(graph.lane[op]), str(graph.name[op]), note, group, op)
+
+
+def own_or(category: str, op_rank: int, rank: int | None) -> str:
+    """`category` of compute on `op_rank` explaining a stretch of `rank`: a peer's compute that
+    is the rank's own is its own."""
+    return causes.OWN_COMPUTE if category == causes.PEER_COMPUTE and op_rank == rank \
+        else category
 
 
 def merged(pieces: list[Interval]) -> list[Interval]:

@@ -15,11 +15,14 @@ INCOMPLETE_CONFIDENCE = 0.2  # a chain through a rank whose parser knows it miss
 # below every link's, so that is the weakest link said
 
 
-def sureness(weakest: tuple[float, str], sampled: bool, incomplete: dict[int, str],
-             ranks: set[int]) -> tuple[float, str]:
+def sureness(weakest: tuple[float, str], sampled: bool, incomplete: dict[int, str], rank: int,
+             intervals: list) -> tuple[float, str]:
     """A bubble's confidence and evidence: its chain's weakest link, capped for a sampled
-    trace and for a chain through `ranks` whose parser knows it misses events (`incomplete`)."""
+    trace and for a chain through a rank (its own, its intervals') whose parser knows it misses
+    events (`incomplete`). On a cluster's part the intervals are still walk items: the client
+    judges again once they are charged."""
     confidence, evidence = weakest
+    ranks = {rank} | {p.rank for p in intervals if isinstance(p, Interval)}
     if sampled and confidence > SAMPLED_CONFIDENCE:
         confidence, evidence = SAMPLED_CONFIDENCE, SAMPLED
     missing = sorted(ranks & set(incomplete))
@@ -87,8 +90,8 @@ def _lane_bubbles(blamer: Blamer, inside: np.ndarray, step: int, lo: int, hi: in
 
 def _bubble(blamer: Blamer, i: int, a: int, b: int, step: int, name: str, intervals) -> Bubble:
     graph = blamer.graph
-    ranks = {int(graph.rank[i])} | {p.rank for p in intervals if isinstance(p, Interval)}
-    confidence, evidence = sureness(blamer.walk.weakest, graph.sampled, graph.incomplete, ranks)
+    confidence, evidence = sureness(blamer.walk.weakest, graph.sampled, graph.incomplete,
+                                    int(graph.rank[i]), intervals)
     return Bubble(rank=int(graph.rank[i]), lane=str(graph.lane[i]), start=int(a), end=int(b),
                   name=name, step=step, intervals=intervals, op=int(i),
                   confidence=confidence, evidence=evidence)

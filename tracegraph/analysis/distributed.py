@@ -32,9 +32,8 @@ import numpy as np
 import pandas as pd
 from pandas.api.types import union_categoricals
 
-from tracegraph import causes
 from tracegraph.analysis.analyze import Analysis, step_windows_of_markers, with_launched_work
-from tracegraph.analysis.blame import Blamer, Bubble, Interval, merged, pipelined_job
+from tracegraph.analysis.blame import Blamer, Bubble, Interval, merged, own_or, pipelined_job
 from tracegraph.analysis.bubbles import find_bubbles, sureness
 from tracegraph.analysis.critical_path import (
     PathSegment,
@@ -545,8 +544,7 @@ def _resolved(batch: Batch, reached: list[Batch]) -> tuple[dict[tuple, list], di
 def _own(piece: Interval | PathSegment, rank: int | None) -> Interval | PathSegment:
     """A piece labelled without the stretch it explains, charged as `Blamer.category` does for
     a stretch of `rank`: a peer's compute that is the rank's own is its own."""
-    if piece.category == causes.PEER_COMPUTE and rank is not None and piece.rank == rank:
-        piece.category = causes.OWN_COMPUTE
+    piece.category = own_or(piece.category, piece.rank, rank)
     return piece
 
 
@@ -559,8 +557,8 @@ def _charged(batch: Batch, reached: list[Batch], sampled: bool, incomplete: dict
         pieces, weakest = _walk(items, done)
         bubble.intervals = merged([_own(Interval(p.start, p.end, *labels[(p.op, p.why)][0]),
                                         bubble.rank) for p in fold_slivers(pieces)])
-        ranks = {bubble.rank} | {i.rank for i in bubble.intervals}
-        bubble.confidence, bubble.evidence = sureness(weakest, sampled, incomplete, ranks)
+        bubble.confidence, bubble.evidence = sureness(weakest, sampled, incomplete, bubble.rank,
+                                                      bubble.intervals)
         bubbles.append(bubble)
     return bubbles
 
