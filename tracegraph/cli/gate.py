@@ -61,7 +61,6 @@ Junit = Annotated[Path | None, typer.Option("--junit", help="Write JUnit XML for
 Rules = Annotated[Path | None, typer.Option("--rules", help="TOML file of checks (docs/ci.md).")]
 Preset = Annotated[list[str] | None, typer.Option(
     "--preset", help="Built-in checks, e.g. hsdp-async-reduction (repeatable).")]
-Threshold = ThresholdMs
 AllowNotApplicable = Annotated[bool, typer.Option(
     "--allow-not-applicable",
     help="Exit 0 (with the warning) when every check is not applicable to the profile.")]
@@ -85,7 +84,7 @@ def diff_command(
     min_chain_ms: Annotated[float | None, typer.Option(
         help="Chains under this many ms per step count as absent (default: 1% of the step).",
         callback=milliseconds)] = None,
-    threshold_ms: Threshold = 1.0,
+    threshold_ms: ThresholdMs = 1.0,
     cache_dir: CacheDir = None,
     no_cache: NoCache = False,
     jobs: Jobs = None,
@@ -117,7 +116,7 @@ def check_command(
     as_json: AsJson = False,
     markdown: Markdown = None,
     junit: Junit = None,
-    threshold_ms: Threshold = 1.0,
+    threshold_ms: ThresholdMs = 1.0,
     cache_dir: CacheDir = None,
     no_cache: NoCache = False,
     jobs: Jobs = None,

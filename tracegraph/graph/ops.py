@@ -44,11 +44,11 @@ class Ops:
 
     @property
     def start(self) -> np.ndarray:
-        return self.frame["start"].to_numpy()
+        return self.frame["start"].to_numpy(np.int64)  # int64 also when there is no op
 
     @property
     def end(self) -> np.ndarray:
-        return self.frame["end"].to_numpy()
+        return self.frame["end"].to_numpy(np.int64)
 
     def lane_prev(self) -> np.ndarray:
         """Index of the previous op on the same lane, -1 for a lane's first op."""

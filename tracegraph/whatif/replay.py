@@ -56,7 +56,7 @@ def step_ops(analysis: Analysis) -> StepOps:
     graph = analysis.graph
     table = step_table(analysis)
     n = len(graph)
-    ops = pd.DataFrame({"rank": graph.rank.astype(np.int64), "time": graph.start.astype(np.int64),
+    ops = pd.DataFrame({"rank": graph.rank.astype(np.int64), "time": graph.start,
                         "op": np.arange(n)})
     ops = ops[~graph.host_side].sort_values("time", kind="stable")
     windows = table.assign(row=np.arange(len(table)), rank=table["rank"].astype(np.int64))
