@@ -23,6 +23,7 @@ import json
 import math
 import re
 from collections import defaultdict, deque
+from collections.abc import Iterator
 from itertools import compress
 from operator import attrgetter
 from typing import Any, ClassVar, Union
@@ -144,26 +145,76 @@ class _TaggedTrace(_Trace, gc=False):
     traceEvents: list[_Tagged] | None = None
 
 
+class _Envelope(_Trace, gc=False):
+    """The document with its events left as raw JSON (decoded in batches, `_batches`)."""
+
+    traceEvents: msgspec.Raw = msgspec.Raw()  # type: ignore[assignment]
+
+
 _DECODER = msgspec.json.Decoder(_Trace)
 _TAGGED_DECODER = msgspec.json.Decoder(_TaggedTrace)
+_ENVELOPE = msgspec.json.Decoder(_Envelope)
+_ITEMS = msgspec.json.Decoder(list[msgspec.Raw])
+_EVENTS = msgspec.json.Decoder(list[_Event])
+_TAGGED_EVENTS = msgspec.json.Decoder(list[_Tagged])
+BATCH_EVENTS = 16_384  # events decoded at once: bounds the decoded structs a rank holds
+
+Batch = tuple[list, list[msgspec.Raw] | None]
+"""Decoded events and, when decoded in batches, each one's raw JSON (to copy out the few kept)."""
 
 
 def _decode_doc(data: bytes) -> _Trace:
+    """The whole document (see `_per_phase`)."""
+    return _per_phase(data, _TAGGED_DECODER, _DECODER)
+
+
+def _per_phase(data: bytes, tagged: msgspec.json.Decoder, plain: msgspec.json.Decoder) -> Any:
     """Decode with one type per phase, so flow / instant / ... events skip their fields; an
     event with another phase, or none, makes it fall back to the one plain event type."""
     try:
-        return _TAGGED_DECODER.decode(data)
+        return tagged.decode(data)
     except msgspec.ValidationError:
-        return _DECODER.decode(data)
+        return plain.decode(data)
+
+
+def _decode(raw: bytes, root: str) -> tuple[_Trace, Iterator[Batch], list[str]]:
+    """The trace's other fields, its events in batches, and warnings. A well-formed trace is
+    decoded a batch at a time (its events first split as raw JSON: ~50 bytes each), so a rank
+    never holds all its events decoded at once; anything else is decoded whole
+    (`_decode_whole`: a truncated file keeps its complete events)."""
+    if not raw or raw.isspace():
+        raise TraceError(f"{root}: empty file")
+    try:
+        doc = _ENVELOPE.decode(raw)
+        items = _ITEMS.decode(doc.traceEvents)
+    except (msgspec.DecodeError, RecursionError):  # damaged, or no events array: said below
+        trace, warnings = _decode_whole(raw, root)
+        return trace, iter([(trace.traceEvents or [], None)]), warnings
+    doc.traceEvents = None  # type: ignore[assignment]
+    return doc, _batches(items, raw, root), []
+
+
+def _batches(items: list[msgspec.Raw], raw: bytes, root: str) -> Iterator[Batch]:
+    """The events of `items` decoded BATCH_EVENTS at a time (per phase where all phases are
+    the Chrome format's, else plain); one no event type fits is reported as the whole
+    document's decoding reports it."""
+    for lo in range(0, len(items), BATCH_EVENTS):
+        chunk = items[lo: lo + BATCH_EVENTS]
+        data = b"[" + b",".join(chunk) + b"]"
+        try:
+            events = _per_phase(data, _TAGGED_EVENTS, _EVENTS)
+        except (msgspec.DecodeError, RecursionError):
+            _decode_whole(raw, root)  # raises, naming what is wrong where in the file
+            raise TraceError(f"{root}: unreadable events") from None
+        yield events, chunk
+
 
 
 _RECOVERY_TRIES = 8
 
 
-def _decode(raw: bytes, root: str) -> tuple[_Trace, list[str]]:
+def _decode_whole(raw: bytes, root: str) -> tuple[_Trace, list[str]]:
     """The decoded trace plus warnings; a truncated file keeps its complete events."""
-    if not raw.strip():
-        raise TraceError(f"{root}: empty file")
     try:
         trace, warnings = _decode_doc(raw), []
     except RecursionError:
@@ -324,32 +375,91 @@ def _cover(rows: np.ndarray, starts: np.ndarray, ends: np.ndarray, at: np.ndarra
 
 
 # --- the rank's columns ----------------------------------------------------------------------
-_PH, _CAT, _NAME, _TS, _DUR, _TID, _CORRELATION, _AUTOGRAD = map(attrgetter, (
-    "ph", "cat", "name", "ts", "dur", "tid", "args.correlation", "args.autograd_seq"))
+_PH, _CAT, _NAME, _TS, _DUR, _TID, _PID, _CORRELATION, _AUTOGRAD = map(attrgetter, (
+    "ph", "cat", "name", "ts", "dur", "tid", "pid", "args.correlation", "args.autograd_seq"))
+_COLUMNS = {"ts": (_TS, micros_to_ns), "dur": (_DUR, micros_to_ns), "tid": (_TID, ints),
+            "corr": (_CORRELATION, ints), "autograd": (_AUTOGRAD, ints), "pid": (_PID, ints)}
+
+
+class _Events:
+    """What a rank's table needs of its events, read a batch at a time: columns over the
+    complete events of a profiler category, those of them whose args a later pass reads
+    (`kept`, by row: comm ops, gloo annotations, kernels with comm args, syncs and copies), the
+    metadata events and the allocator's `[memory]` events. The rest is dropped batch by batch."""
+
+    def __init__(self, batches: Iterator[Batch]) -> None:
+        parts: dict[str, list] = defaultdict(list)
+        kept_rows: list[int] = []
+        kept: list = []  # their raw JSON (decoded at the end, in one piece), else the events
+        self.meta: list = []
+        self.memory: list = []
+        self.n = 0
+        for events, raws in batches:
+            phases = list(map(_PH, events))
+            self.meta += compress(events, map("M".__eq__, phases))
+            self.memory += [e for e, ph in zip(events, phases, strict=True)
+                            if ph == "i" and e.name == "[memory]"]
+            complete = list(compress(range(len(events)), map("X".__eq__, phases)))
+            at = list(compress(complete, map(_CATS.__contains__, map(_CAT, map(
+                events.__getitem__, complete)))))
+            ev = list(map(events.__getitem__, at))
+            cat = np.fromiter(map(_CATS.__getitem__, map(_CAT, ev)), np.int8, len(ev))
+            names = texts(list(map(_NAME, ev)))
+            parts["cat"].append(cat)
+            parts["names"].append(names)
+            for column, (read, convert) in _COLUMNS.items():
+                parts[column].append(convert(list(map(read, ev))))
+            read = np.flatnonzero(_args_read(cat, names, ev)).tolist()
+            kept_rows += [self.n + i for i in read]
+            kept += [raws[at[i]] for i in read] if raws is not None else [ev[i] for i in read]
+            self.n += len(ev)
+        self.kept = dict(zip(kept_rows, _decoded(kept), strict=True))
+        self.names = pa.concat_arrays(parts.pop("names")) if parts else texts([])
+        self.cat = np.concatenate(parts.pop("cat")) if parts else np.zeros(0, np.int8)
+        self.columns = {column: np.concatenate(parts[column]) if parts else
+                        np.zeros(0, np.int64) for column in _COLUMNS}  # raw values converted
+
+
+def _decoded(kept: list) -> list:
+    """The kept events, decoded from their raw JSON where that is what was kept: at once,
+    into one buffer of their own (the file's bytes are not held; no batch's memory is)."""
+    if not kept or not isinstance(kept[0], msgspec.Raw):
+        return kept
+    return _EVENTS.decode(b"[" + b",".join(kept) + b"]")
+
+
+def _args_read(cat: np.ndarray, names: pa.Array, ev: list) -> np.ndarray:
+    """Mask of the events whose args a pass after decoding reads (see `_Events.kept`)."""
+    def starting(prefix: str) -> np.ndarray:
+        return pc.starts_with(names, prefix, ignore_case=True).to_numpy(zero_copy_only=False)
+
+    comm_op = pc.equal(names, "record_param_comms").to_numpy(zero_copy_only=False)
+    keep = (cat == CPU_OP) & (comm_op | starting("c10d::"))
+    keep |= np.isin(cat, (ANNOTATION, GPU_ANNOTATION)) & starting("gloo:")
+    keep |= np.isin(cat, (SYNC, MEMCPY, MEMSET))
+    for i in np.flatnonzero(cat == KERNEL).tolist():
+        keep[i] = ev[i].args.collective is not None
+    return keep
 
 
 class _Rank:
     """Column arrays over the complete (`ph == "X"`) events of one trace that the table keeps."""
 
-    def __init__(self, trace: _Trace, base_ns: int):
-        events = trace.traceEvents or []
-        phases = list(map(_PH, events))
-        complete = list(compress(events, map("X".__eq__, phases)))
-        ev = self.ev = list(compress(complete, map(_CATS.__contains__, map(_CAT, complete))))
-        self.meta_events = list(compress(events, map("M".__eq__, phases)))
-        n = self.n = len(ev)
-        self.cat = np.fromiter(map(_CATS.__getitem__, map(_CAT, ev)), np.int8, n)
-        self.names = list(map(_NAME, ev))
-        self.name_arr = texts(self.names)
-        ts = micros_to_ns(list(map(_TS, ev)))  # since the clock base, never before: a negative
-        self.start = np.where((ts == UNREADABLE) | (ts < 0), ts, base_ns + ts)  # one is damage
-        self.dur = micros_to_ns(list(map(_DUR, ev)))
+    def __init__(self, events: _Events, base_ns: int):
+        self.kept, self.meta_events = events.kept, events.meta
+        n = self.n = events.n
+        self.cat, self.name_arr = events.cat, events.names
+        column = events.columns
+        ts = column["ts"]  # since the clock base, never before: a negative one is damage
+        self.start = np.where((ts == UNREADABLE) | (ts < 0), ts, base_ns + ts)
+        self.dur = column["dur"]
         self.end = self.start + self.dur
-        self.corr = ints(list(map(_CORRELATION, ev)))
-        self.autograd = np.where(self.cat == CPU_OP, ints(list(map(_AUTOGRAD, ev))), NO_INT)
+        self.corr = column["corr"]
+        self.autograd = np.where(self.cat == CPU_OP, column["autograd"], NO_INT)
         self.device = np.isin(self.cat, _DEVICE_CATS)
-        tids = ints(list(map(_TID, ev)))
-        self.thread = np.where(self.device, NO_INT, tids)  # host tid
+        self.tid = column["tid"]  # host thread, or a device row's stream
+        self.device_id = column["pid"]  # read on device rows (`_device_ids`)
+        self.thread = np.where(self.device, NO_INT, self.tid)  # host tid
         self.kind = _CAT_KIND[self.cat]
         self.comm = np.full(n, "", dtype=object)
         self.group = np.full(n, "", dtype=object)
@@ -369,9 +479,11 @@ class _Rank:
         return values
 
     def release(self) -> None:
-        """Drop the decoded events (and, through their raw args, the file's bytes): from here
-        on only the columns are used."""
-        self.ev, self.names, self.meta_events = [], [], []
+        """Drop the decoded events kept: from here on only the columns are used."""
+        self.kept, self.meta_events = {}, []
+
+    def name(self, row: int) -> str:
+        return self.name_arr[row].as_py()
 
     def rows(self, cats: tuple[int, ...], prefix: str = "") -> np.ndarray:
         """Rows of these categories (whose name starts with `prefix`)."""
@@ -426,15 +538,15 @@ def _host_comm(r: _Rank) -> None:
     """record_param_comms args; comm types of c10d ops and of gloo / nccl annotations (gloo ones
     are the executed comm ops: collective / p2p, with their tensor size)."""
     for row in r.named((CPU_OP,), "record_param_comms"):
-        r.set_comm(row, *_args_comm(r.ev[row].args))
+        r.set_comm(row, *_args_comm(r.kept[row].args))
     gloo = r.rows((ANNOTATION, GPU_ANNOTATION), "gloo:")
     for row in np.concatenate([r.rows((CPU_OP,), "c10d::"), gloo,
                                r.rows((ANNOTATION, GPU_ANNOTATION), "nccl:")]).tolist():
-        r.comm[row] = comm_type(r.names[row])
+        r.comm[row] = comm_type(r.name(row))
     gloo = gloo[r.comm[gloo] != ""]
     r.kind[gloo] = [_KIND_CODE[comm_kind(c)] for c in r.comm[gloo]]
     for row in gloo.tolist():
-        r.nbytes[row], r.dtype[row] = _tensor_bytes(r.ev[row].args)
+        r.nbytes[row], r.dtype[row] = _tensor_bytes(r.kept[row].args)
 
 
 def _p2p_peers(r: _Rank) -> None:
@@ -445,7 +557,7 @@ def _p2p_peers(r: _Rank) -> None:
     calls = r.rows((CPU_OP,), "c10d::")
     calls = calls[np.isin(r.comm[calls], ("send", "recv"))]
     for row in calls.tolist():
-        inputs = _json(r.ev[row].args.inputs)
+        inputs = _json(r.kept[row].args.inputs)
         if isinstance(inputs, list) and len(inputs) >= 4:
             local = r.dst_rank if r.comm[row] == "send" else r.src_rank
             local[row], r.event_id[row] = to_int(inputs[2]), to_int(inputs[3])
@@ -500,8 +612,7 @@ def _kernel_comm(r: _Rank) -> None:
     """NCCL/RCCL kernels: comm from their own args, else from the comm op enclosing their launch
     (old traces: `nccl:all_to_all` runs SendRecv kernels), else from the kernel name."""
     kernels = r.rows((KERNEL,))
-    with_args = np.array([r.ev[i].args.collective is not None for i in kernels.tolist()],
-                         dtype=bool)
+    with_args = np.array([i in r.kept for i in kernels.tolist()], dtype=bool)  # kept: comm args
     kernels = kernels[with_args | r.prefixed("nccl")[kernels] | r.prefixed("rccl")[kernels]]
     launches = r.parent[kernels]
     context = np.full(len(kernels), -1, dtype=np.int64)
@@ -509,14 +620,13 @@ def _kernel_comm(r: _Rank) -> None:
                                          launches[launches >= 0])
     inherit: tuple[list[int], list[int]] = ([], [])
     for row, ctx in zip(kernels.tolist(), context.tolist(), strict=True):
-        args = r.ev[row].args
-        if args.collective is not None:
-            r.set_comm(row, *_args_comm(args))
+        if row in r.kept:  # a kernel with comm args
+            r.set_comm(row, *_args_comm(r.kept[row].args))
         elif ctx >= 0:
             inherit[0].append(row)
             inherit[1].append(ctx)
         else:
-            r.comm[row] = comm_type(r.names[row])
+            r.comm[row] = comm_type(r.name(row))
     r.copy_comm(*inherit)
     r.kind[kernels] = [_KIND_CODE[comm_kind(c)] for c in r.comm[kernels]]
 
@@ -588,9 +698,9 @@ def _gloo_issuers(r: _Rank, workers: np.ndarray) -> np.ndarray:
     calls = calls[(r.comm[calls] != "") & ~np.isin(r.thread[calls], workers)]
     queues: dict[tuple, deque[int]] = defaultdict(deque)
     for row in calls[np.argsort(r.start[calls], kind="stable")].tolist():
-        queues[(r.comm[row], _first_shape(_json(r.ev[row].args.dims)))].append(row)
+        queues[(r.comm[row], _first_shape(_json(r.kept[row].args.dims)))].append(row)
     for row in rows[np.argsort(r.start[rows], kind="stable")].tolist():
-        queue = queues[(r.comm[row], _first_shape(_json(r.ev[row].args.dims)))]
+        queue = queues[(r.comm[row], _first_shape(_json(r.kept[row].args.dims)))]
         if queue and r.start[queue[0]] <= r.start[row]:
             r.parent[row] = queue.popleft()
     return rows
@@ -701,17 +811,17 @@ def _device_ids(r: _Rank) -> None:
     """`pid` (the device) and `stream` of the device rows."""
     device = np.flatnonzero(r.device)
     r.stream[device] = _device_streams(r, device)
-    r.pid[device] = r.unreadable("device ids unreadable", ints([r.ev[i].pid for i in device]))
+    r.pid[device] = r.unreadable("device ids unreadable", r.device_id[device])
 
 
 def _device_streams(r: _Rank, device: np.ndarray) -> np.ndarray:
     """Stream of each device row: its tid, or for cuda_sync its `stream` arg (newer kineto puts
     Stream Sync on tid = stream + offset); context / event syncs have none."""
-    values = [r.ev[i].tid for i in device]
+    values = r.tid[device]
     for k in np.flatnonzero(r.cat[device] == SYNC).tolist():
-        if r.ev[device[k]].args.stream is not None:
-            values[k] = r.ev[device[k]].args.stream
-    return _stream_ids(r.unreadable("stream ids unreadable", ints(values)))
+        if r.kept[device[k]].args.stream is not None:
+            values[k] = to_int(r.kept[device[k]].args.stream)
+    return _stream_ids(r.unreadable("stream ids unreadable", values))
 
 
 def _stream_ids(streams: np.ndarray) -> np.ndarray:
@@ -722,11 +832,11 @@ def _stream_ids(streams: np.ndarray) -> np.ndarray:
 def _sync_and_copies(r: _Rank) -> None:
     """cuda_sync: the stream and record an event wait is on; memcpy / memset sizes."""
     for row in r.rows((SYNC,)).tolist():
-        args = r.ev[row].args
+        args = r.kept[row].args
         r.wait_on[row], r.event_id[row] = to_int(args.wait_stream), to_int(args.wait_corr)
     r.wait_on[:] = _stream_ids(r.wait_on)
     copies = r.rows((MEMCPY, MEMSET))
-    r.nbytes[copies] = ints([r.ev[i].args.nbytes for i in copies])
+    r.nbytes[copies] = ints([r.kept[i].args.nbytes for i in copies])
 
 
 # --- step and annotation ---------------------------------------------------------------------
@@ -831,8 +941,9 @@ def _groups(r: _Rank, stated: dict[str, GroupInfo]) -> list[GroupInfo]:
     groups = dict(stated)
     carriers = np.flatnonzero((r.group != "") & np.isin(r.cat, (CPU_OP, KERNEL)))
     for row in carriers.tolist():
-        gid, args = r.group[row], r.ev[row].args
-        if gid not in groups and args.collective is not None:
+        gid, event = r.group[row], r.kept.get(row)  # not kept: no comm args
+        if gid not in groups and event is not None and event.args.collective is not None:
+            args = event.args
             groups[gid] = GroupInfo(gid, gid, str(args.pg_desc or ""),
                                     _group_ranks(args.pg_ranks, args.group_size),
                                     "Process Group Ranks", max(to_int(args.group_size), 0))
@@ -861,7 +972,7 @@ def _meta(trace: _Trace, info: dict, root: str, base_ns: int, rows: int) -> dict
 # --- entry point -----------------------------------------------------------------------------
 def parse(files: RankFiles, read: Reader) -> ParsedRank:
     """One rank's Kineto trace -> normalized events, groups and meta."""
-    trace, warnings = _decode(read(files.files["trace"]), files.root)
+    trace, batches, warnings = _decode(read(files.files["trace"]), files.root)
     info = trace.distributedInfo if isinstance(trace.distributedInfo, dict) else {}
     rank = _rank_of(info)
     damaged = {f"distributedInfo.rank {info['rank']!r:.40} (no rank id)": 1} if (
@@ -874,12 +985,13 @@ def parse(files: RankFiles, read: Reader) -> ParsedRank:
     pg_config = info.get("pg_config") if isinstance(info.get("pg_config"), list) else []
     stated = _pg_config_groups(pg_config)
     own = own_groups(rank, stated.values())
-    memory = _memory(trace.traceEvents or [], base_ns, rank)
-    r = _Rank(trace, base_ns)
+    events = _Events(batches)  # the file's bytes go once its last batch is read
+    memory = _memory(events.memory, base_ns, rank)
+    r = _Rank(events, base_ns)
+    del events
     if not r.n:
         warnings.append(f"{files.root}: no complete event (\"ph\": \"X\") of a profiler "
                         "category")
-    trace.traceEvents = None  # the events the table does not keep (flows, instants) go now
     timed = r.start[r.start != UNREADABLE]
     if trace.baseTimeNanoseconds is None and len(timed) and timed.min() < _RELATIVE_BELOW_NS:
         # kineto builds of 2024-25 write the base after traceEvents: a cut file loses it

@@ -20,6 +20,7 @@ from tracegraph.graph.clock import estimate_offsets
 from tracegraph.graph.depgraph import DepGraph, build_graph
 from tracegraph.graph.match import Matches, match
 from tracegraph.graph.ops import Ops, build_ops
+from tracegraph.heap import hand_back
 from tracegraph.loading.steps import step_markers
 from tracegraph.loading.trace import Trace
 from tracegraph.progress import Progress
@@ -100,6 +101,7 @@ def analyze(trace: Trace, *, threshold_ms: float = 1.0, executor: Executor | Non
     with Progress("analysis: ops, match, clocks, graph, bubbles, critical path", total=6,
                   enabled=len(trace.events) > PROGRESS_EVENTS) as bar:
         ops = build_ops(trace.events)
+        hand_back()  # what building the ops took: later stages' peaks start from here
         bar.advance()
         matches = match(ops, trace.group_members(), executor)
         bar.advance()
@@ -107,6 +109,7 @@ def analyze(trace: Trace, *, threshold_ms: float = 1.0, executor: Executor | Non
         shift = ops.frame["rank"].map(offsets).fillna(0).astype("int64").to_numpy()
         graph = build_graph(ops, matches, ops.start - shift, ops.end - shift, trace.groups)
         graph.incomplete = trace.incomplete_ranks()
+        hand_back()
         steps = with_launched_work(step_windows(trace.events, offsets), graph)
         bar.advance()
         walk = BindingWalk(graph)

@@ -125,7 +125,7 @@ def slow_op_mask(ops: Ops, flagged: set[tuple[str, int]], shared: set[tuple[str,
                  slow: set[int], peers: Peers) -> np.ndarray:
     """Per op: a `slow_names` pair, or (a name no peer of its rank runs) on a slow rank."""
     frame = ops.frame
-    names = frame["name"].to_numpy(dtype=object)
+    names = frame["name"].array  # its codes: object strings would be inferred as Arrow text
     ranks = frame["rank"].to_numpy().astype(np.int64)
     cls = pd.Series(ranks).map(peers.classes).fillna(-1).to_numpy(dtype=np.int64)
     pairs = pd.MultiIndex.from_arrays([names, ranks])

@@ -81,6 +81,7 @@ def build_ops(events: pd.DataFrame) -> Ops:
     parts = [p for p in parts if len(p)]
     frame = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(
         columns=[*COLUMNS, "mode"])  # no op at all (a profile of markers only)
+    del events, parts  # the rows were copied into the ops
     frame = frame[frame["end"] >= frame["start"]]
     lanes = _lane_table(frame)
     frame = frame.assign(lane_id=_lane_ids(frame, lanes))
@@ -185,17 +186,20 @@ def _host_ops(events: pd.DataFrame) -> pd.DataFrame:
 
 def _host_calls(events: pd.DataFrame) -> pd.DataFrame:
     """rank, correlation, start_ns of the host calls that carry a correlation id."""
-    calls = _mask((events["lane_kind"] == schema.THREAD) & (events["kind"] == schema.HOST)
-                  & (events["correlation"] >= 0))
-    return events.loc[calls, ["rank", "correlation", "start_ns"]]
+    return events.loc[_host_call_rows(events), ["rank", "correlation", "start_ns"]]
 
 
 def _host_waits(events: pd.DataFrame) -> pd.DataFrame:
     """rank, correlation of the host's stream-wait calls (`cudaStreamWaitEvent`,
     `hipStreamWaitEvent`): a stream told to wait for an event another stream records."""
-    calls = events[_mask((events["lane_kind"] == schema.THREAD) & (events["kind"] == schema.HOST)
-                         & (events["correlation"] >= 0))]
-    return calls.loc[_mask(calls["name"].isin(STREAM_WAIT_CALLS)), ["rank", "correlation"]]
+    waits = _host_call_rows(events) & _mask(events["name"].isin(STREAM_WAIT_CALLS))
+    return events.loc[waits, ["rank", "correlation"]]
+
+
+def _host_call_rows(events: pd.DataFrame) -> np.ndarray:
+    """Mask of the host calls that carry a correlation id."""
+    return _mask((events["lane_kind"] == schema.THREAD) & (events["kind"] == schema.HOST)
+                 & (events["correlation"] >= 0))
 
 
 def _after_host_waits(frame: pd.DataFrame, waits: pd.DataFrame) -> np.ndarray:

@@ -24,6 +24,7 @@ from parsers.base import GroupInfo, ParsedRank, RankFiles, TraceError
 from parsers.bundle import Bundle, open_bundle
 from parsers.text import printable
 from tracegraph import schema
+from tracegraph.heap import hand_back
 from tracegraph.loading import cache, consistency
 from tracegraph.loading.groups import groups_frame
 from tracegraph.loading.resolve import settle
@@ -107,9 +108,13 @@ def _parse_all(
         yield from _parse_on(executor, bundle, todo, store, advance)
         return
     if workers <= 1:
-        for profile, key, read in sources(bundle, todo):
-            yield profile, _finish(profile, _parse(profile, read), store, key)
-            advance()
+        with _handoff_dir(store) as handoff:
+            for n, (profile, key, read) in enumerate(sources(bundle, todo)):
+                out = Path(handoff) / f"{n}.arrow"  # mapped, as a worker's: no heap holds it
+                parsed = _to_file(str(out), _parse, profile, read)
+                parsed.events = cache.read_events(out)
+                yield profile, _finish(profile, parsed, store, key, out)
+                advance()
         return
     with ProcessPoolExecutor(max_workers=workers) as pool, _handoff_dir(store) as handoff:
         yield from _parse_on(pool, bundle, todo, store, advance, Path(handoff))
@@ -150,6 +155,7 @@ def _to_file(out: str, parse: Callable[..., ParsedRank], *args: object) -> Parse
     parsed = parse(*args)
     cache.write_events(parsed.events, Path(out))
     parsed.events = None  # type: ignore[assignment]  # the caller maps `out`
+    hand_back()  # the worker waits for its next rank holding no more than it must
     return parsed
 
 

@@ -12,6 +12,7 @@ import pandas as pd
 import pyarrow as pa
 
 from tracegraph import schema
+from tracegraph.heap import hand_back
 
 
 def events_frame(ranks: list[pa.Table]) -> pd.DataFrame:
@@ -30,10 +31,9 @@ def events_frame(ranks: list[pa.Table]) -> pd.DataFrame:
             column.fill(table.column(name), at)
         at += table.num_rows
         del table
-    frame = pd.DataFrame({name: column.values() for name, column in columns.items()},
-                         index=pd.RangeIndex(total), copy=False)  # the arrays themselves
-    pa.default_memory_pool().release_unused()  # Arrow's allocator would keep what it freed
-    return frame
+        hand_back()  # the table's memory, unless mapped, would stay with the allocators
+    return pd.DataFrame({name: column.values() for name, column in columns.items()},
+                        index=pd.RangeIndex(total), copy=False)  # the arrays themselves
 
 
 class _Column:
