@@ -164,15 +164,17 @@ def decode_floor(paths: list[Path], module: str) -> str:
             f"print(n)")
 
 
-def tracegraph_code(bundle: Path, cache: Path, analyze: bool, use_cache: bool) -> str:
-    """Load (and analyze) `bundle`; prints the events kept and the seconds spent after the
-    imports."""
+def tracegraph_code(bundle: Path, cache: Path, analyze: bool, use_cache: bool,
+                    jobs: int | None = None) -> str:
+    """Load (and analyze) `bundle` (ranks parsed in `jobs` processes: the CPUs by default, 1:
+    in this process); prints the events kept and the seconds spent after the imports."""
     imports = "import tracegraph.loading.loader"
     imports += "; from tracegraph.analysis.analyze import analyze" if analyze else ""
     tail = "analyze(t); " if analyze else ""
     return (f"import time; from pathlib import Path; {imports}; s = time.perf_counter(); "
             f"t = tracegraph.loading.loader.load({str(bundle)!r}, cache_dir=Path({str(cache)!r}), "
-            f"use_cache={use_cache}); {tail}print(len(t.events), time.perf_counter() - s)")
+            f"use_cache={use_cache}, jobs={jobs}); {tail}"
+            f"print(len(t.events), time.perf_counter() - s)")
 
 
 STARTUP = "import tracegraph.loading.loader; print(0)"
@@ -250,6 +252,8 @@ def run(fmt: str, args: argparse.Namespace, workdir: Path) -> None:
                                                     warm.pss, warm.out))
     table.step("tracegraph load + analyze, cold",
                tracegraph_code(bundle, workdir / f"cold-{fmt}", True, False))
+    table.step("  the same, one process (--jobs 1)",
+               tracegraph_code(bundle, workdir / f"cold-{fmt}", True, False, jobs=1))
     if fmt == "kineto":
         why = hta_missing(args.hta_python)
         if why:

@@ -148,20 +148,15 @@ class _TaggedTrace(_Trace, gc=False):
 class _Envelope(_Trace, gc=False):
     """The document with its events left as raw JSON (decoded in batches, `_batches`)."""
 
-    traceEvents: msgspec.Raw = msgspec.Raw()  # type: ignore[assignment]
+    traceEvents: list[msgspec.Raw] | None = None  # type: ignore[assignment]
 
 
 _DECODER = msgspec.json.Decoder(_Trace)
 _TAGGED_DECODER = msgspec.json.Decoder(_TaggedTrace)
 _ENVELOPE = msgspec.json.Decoder(_Envelope)
-_ITEMS = msgspec.json.Decoder(list[msgspec.Raw])
 _EVENTS = msgspec.json.Decoder(list[_Event])
 _TAGGED_EVENTS = msgspec.json.Decoder(list[_Tagged])
 BATCH_EVENTS = 16_384  # events decoded at once: bounds the decoded structs a rank holds
-
-Batch = tuple[list, list[msgspec.Raw] | None]
-"""Decoded events and, when decoded in batches, each one's raw JSON (to copy out the few kept)."""
-
 
 def _decode_doc(data: bytes) -> _Trace:
     """The whole document (see `_per_phase`)."""
@@ -177,7 +172,7 @@ def _per_phase(data: bytes, tagged: msgspec.json.Decoder, plain: msgspec.json.De
         return plain.decode(data)
 
 
-def _decode(raw: bytes, root: str) -> tuple[_Trace, Iterator[Batch], list[str]]:
+def _decode(raw: bytes, root: str) -> tuple[_Trace, Iterator[list], list[str]]:
     """The trace's other fields, its events in batches, and warnings. A well-formed trace is
     decoded a batch at a time (its events first split as raw JSON: ~50 bytes each), so a rank
     never holds all its events decoded at once; anything else is decoded whole
@@ -186,15 +181,16 @@ def _decode(raw: bytes, root: str) -> tuple[_Trace, Iterator[Batch], list[str]]:
         raise TraceError(f"{root}: empty file")
     try:
         doc = _ENVELOPE.decode(raw)
-        items = _ITEMS.decode(doc.traceEvents)
-    except (msgspec.DecodeError, RecursionError):  # damaged, or no events array: said below
+    except (msgspec.DecodeError, RecursionError):  # damaged: said below
+        doc = None
+    if doc is None or doc.traceEvents is None:
         trace, warnings = _decode_whole(raw, root)
-        return trace, iter([(trace.traceEvents or [], None)]), warnings
-    doc.traceEvents = None  # type: ignore[assignment]
+        return trace, iter([trace.traceEvents or []]), warnings
+    items, doc.traceEvents = doc.traceEvents, None
     return doc, _batches(items, raw, root), []
 
 
-def _batches(items: list[msgspec.Raw], raw: bytes, root: str) -> Iterator[Batch]:
+def _batches(items: list[msgspec.Raw], raw: bytes, root: str) -> Iterator[list]:
     """The events of `items` decoded BATCH_EVENTS at a time (per phase where all phases are
     the Chrome format's, else plain); one no event type fits is reported as the whole
     document's decoding reports it."""
@@ -206,7 +202,7 @@ def _batches(items: list[msgspec.Raw], raw: bytes, root: str) -> Iterator[Batch]
         except (msgspec.DecodeError, RecursionError):
             _decode_whole(raw, root)  # raises, naming what is wrong where in the file
             raise TraceError(f"{root}: unreadable events") from None
-        yield events, chunk
+        yield events
 
 
 
@@ -387,59 +383,64 @@ class _Events:
     (`kept`, by row: comm ops, gloo annotations, kernels with comm args, syncs and copies), the
     metadata events and the allocator's `[memory]` events. The rest is dropped batch by batch."""
 
-    def __init__(self, batches: Iterator[Batch]) -> None:
+    def __init__(self, batches: Iterator[list]) -> None:
         parts: dict[str, list] = defaultdict(list)
-        kept_rows: list[int] = []
-        kept: list = []  # their raw JSON (decoded at the end, in one piece), else the events
+        self.kept: dict[int, Any] = {}
         self.meta: list = []
         self.memory: list = []
         self.n = 0
-        for events, raws in batches:
+        for events in batches:
             phases = list(map(_PH, events))
             self.meta += compress(events, map("M".__eq__, phases))
             self.memory += [e for e, ph in zip(events, phases, strict=True)
                             if ph == "i" and e.name == "[memory]"]
-            complete = list(compress(range(len(events)), map("X".__eq__, phases)))
-            at = list(compress(complete, map(_CATS.__contains__, map(_CAT, map(
-                events.__getitem__, complete)))))
-            ev = list(map(events.__getitem__, at))
+            complete = list(compress(events, map("X".__eq__, phases)))
+            ev = list(compress(complete, map(_CATS.__contains__, map(_CAT, complete))))
             cat = np.fromiter(map(_CATS.__getitem__, map(_CAT, ev)), np.int8, len(ev))
             names = texts(list(map(_NAME, ev)))
-            parts["cat"].append(cat)
-            parts["names"].append(names)
+            masks = {prefix: _starting(names, prefix) for prefix in _PREFIXES}
+            for key, value in (("cat", cat), ("names", names), *masks.items()):
+                parts[key].append(value)
             for column, (read, convert) in _COLUMNS.items():
                 parts[column].append(convert(list(map(read, ev))))
-            read = np.flatnonzero(_args_read(cat, names, ev)).tolist()
-            kept_rows += [self.n + i for i in read]
-            kept += [raws[at[i]] for i in read] if raws is not None else [ev[i] for i in read]
+            for i in np.flatnonzero(_args_read(cat, names, masks, ev)).tolist():
+                self.kept[self.n + i] = _detached(ev[i])
             self.n += len(ev)
-        self.kept = dict(zip(kept_rows, _decoded(kept), strict=True))
-        self.names = pa.concat_arrays(parts.pop("names")) if parts else texts([])
-        self.cat = np.concatenate(parts.pop("cat")) if parts else np.zeros(0, np.int8)
-        self.columns = {column: np.concatenate(parts[column]) if parts else
-                        np.zeros(0, np.int64) for column in _COLUMNS}  # raw values converted
+        def joined(key: str, dtype: type) -> np.ndarray:
+            return np.concatenate(parts[key]) if parts[key] else np.zeros(0, dtype)
+
+        self.names = pa.concat_arrays(parts["names"]) if parts["names"] else texts([])
+        self.cat = joined("cat", np.int8)
+        self.columns = {column: joined(column, np.int64) for column in _COLUMNS}  # converted
+        self.masks = {prefix: joined(prefix, bool) for prefix in _PREFIXES}
 
 
-def _decoded(kept: list) -> list:
-    """The kept events, decoded from their raw JSON where that is what was kept: at once,
-    into one buffer of their own (the file's bytes are not held; no batch's memory is)."""
-    if not kept or not isinstance(kept[0], msgspec.Raw):
-        return kept
-    return _EVENTS.decode(b"[" + b",".join(kept) + b"]")
+_PREFIXES = ("c10d::", "gloo:")  # name prefixes (any case) the passes select rows by
 
 
-def _args_read(cat: np.ndarray, names: pa.Array, ev: list) -> np.ndarray:
+def _starting(names: pa.Array, prefix: str) -> np.ndarray:
+    """Mask of the names that start with `prefix`, in any case."""
+    return pc.starts_with(names, prefix, ignore_case=True).to_numpy(zero_copy_only=False)
+
+
+def _args_read(cat: np.ndarray, names: pa.Array, masks: dict[str, np.ndarray], ev: list
+               ) -> np.ndarray:
     """Mask of the events whose args a pass after decoding reads (see `_Events.kept`)."""
-    def starting(prefix: str) -> np.ndarray:
-        return pc.starts_with(names, prefix, ignore_case=True).to_numpy(zero_copy_only=False)
-
     comm_op = pc.equal(names, "record_param_comms").to_numpy(zero_copy_only=False)
-    keep = (cat == CPU_OP) & (comm_op | starting("c10d::"))
-    keep |= np.isin(cat, (ANNOTATION, GPU_ANNOTATION)) & starting("gloo:")
+    keep = (cat == CPU_OP) & (comm_op | masks["c10d::"])
+    keep |= np.isin(cat, (ANNOTATION, GPU_ANNOTATION)) & masks["gloo:"]
     keep |= np.isin(cat, (SYNC, MEMCPY, MEMSET))
     for i in np.flatnonzero(cat == KERNEL).tolist():
         keep[i] = ev[i].args.collective is not None
     return keep
+
+
+def _detached(event: Any) -> Any:
+    """`event` with its raw args copied out of the bytes it was decoded from (which a batch, or
+    the whole file, would otherwise stay alive for)."""
+    args = event.args
+    raw = {name: getattr(args, name).copy() for name in ("inputs", "dims", "types")}
+    return msgspec.structs.replace(event, args=msgspec.structs.replace(args, **raw))
 
 
 class _Rank:
@@ -470,7 +471,7 @@ class _Rank:
         self.warnings: list[str] = []
         self.damaged: dict[str, int] = {}
         self.unreadable("host thread ids unreadable", self.thread)
-        self._masks: dict[str, np.ndarray] = {}
+        self._masks: dict[str, np.ndarray] = events.masks  # by prefix, see `prefixed`
 
     def unreadable(self, what: str, values: np.ndarray) -> np.ndarray:
         """`values`, its UNREADABLE ones counted as damage (`what`)."""
@@ -495,8 +496,7 @@ class _Rank:
     def prefixed(self, prefix: str) -> np.ndarray:
         """Rows whose name starts with `prefix` (any case), as a mask."""
         if prefix not in self._masks:
-            self._masks[prefix] = pc.starts_with(self.name_arr, prefix, ignore_case=True
-                                                 ).to_numpy(zero_copy_only=False)
+            self._masks[prefix] = _starting(self.name_arr, prefix)
         return self._masks[prefix]
 
     def named(self, cats: tuple[int, ...], name: str) -> np.ndarray:
