@@ -156,7 +156,7 @@ _TAGGED_DECODER = msgspec.json.Decoder(_TaggedTrace)
 _ENVELOPE = msgspec.json.Decoder(_Envelope)
 _EVENTS = msgspec.json.Decoder(list[_Event])
 _TAGGED_EVENTS = msgspec.json.Decoder(list[_Tagged])
-BATCH_EVENTS = 16_384  # events decoded at once: bounds the decoded structs a rank holds
+BATCH_EVENTS = 4096  # events decoded at once: bounds the decoded structs a rank holds
 
 def _decode_doc(data: bytes) -> _Trace:
     """The whole document (see `_per_phase`)."""
