@@ -8,9 +8,19 @@ import ctypes
 import ctypes.util
 from functools import cache
 
+HAND_BACK_BYTES = 64 << 20  # freed since the last hand-back that makes another worth its cost
+_owed = [0]
 
-def hand_back() -> None:
-    """Return the free memory Arrow's pool and glibc's heap hold to the system (a few ms)."""
+
+def hand_back(freed: int | None = None) -> None:
+    """Return the free memory Arrow's pool and glibc's heap hold to the system. With `freed`
+    (bytes just let go), only once HAND_BACK_BYTES have been let go since the last time: a
+    hand-back walks the heap (~60 ms on a fragmented GB heap)."""
+    if freed is not None:
+        _owed[0] += freed
+        if _owed[0] < HAND_BACK_BYTES:
+            return
+    _owed[0] = 0
     import pyarrow as pa
 
     pa.default_memory_pool().release_unused()

@@ -32,6 +32,7 @@ from tracegraph.loading.trace import Trace
 from tracegraph.progress import Progress
 
 _WORKER_BUNDLES: dict[str, Bundle] = {}
+PARSE_TO_TABLE = 6  # what parsing a rank takes at its peak, in units of its table's size
 
 
 def load(
@@ -154,8 +155,10 @@ def _to_file(out: str, parse: Callable[..., ParsedRank], *args: object) -> Parse
     """Worker side of the file hand-off: parse, write the events to `out`, return the rest."""
     parsed = parse(*args)
     cache.write_events(parsed.events, Path(out))
+    size = parsed.events.nbytes
     parsed.events = None  # type: ignore[assignment]  # the caller maps `out`
-    hand_back()  # the worker waits for its next rank holding no more than it must
+    hand_back(size * PARSE_TO_TABLE)  # what parsing the rank took, before the next one
+    return parsed
     return parsed
 
 

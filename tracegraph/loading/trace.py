@@ -30,8 +30,8 @@ def events_frame(ranks: list[pa.Table]) -> pd.DataFrame:
         for name, column in columns.items():
             column.fill(table.column(name), at)
         at += table.num_rows
+        hand_back(table.nbytes)  # the table's memory, unless mapped, stays with the allocators
         del table
-        hand_back()  # the table's memory, unless mapped, would stay with the allocators
     return pd.DataFrame({name: column.values() for name, column in columns.items()},
                         index=pd.RangeIndex(total), copy=False)  # the arrays themselves
 
