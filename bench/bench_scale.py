@@ -5,7 +5,10 @@ Writes the `large` scenario (PP4 × VPP2 replicas, async HSDP) at several rank c
 its number of kernels per F/B chunk, then times the load (no cache, ranks parsed in parallel) and
 the whole analysis of each in a fresh process: `tracegraph.load` + `analyze`, or with `--dask N`
 `load_on_cluster` + `analyze_on_cluster` on a LocalCluster of N workers (what `--dask local`
-runs). Prints both times, the wall time and CPU seconds of the whole process tree, the peak RSS
+runs). Modes `command` and `command-dask` run the command a user runs instead, `tracegraph
+analyze --json --no-cache` (with `--dask local`): its summary adds the findings, the pipeline
+schedule and the gain ceilings to the analysis (no load / analyze split: the total). Prints both
+times, the wall time and CPU seconds of the whole process tree, the peak RSS
 of the tree and of the client process alone (the one that holds the answers: with --dask the
 workers hold the ranks), and CPU µs per event (wall time varies with whatever else runs on the
 machine; CPU time much less). Cost should grow linearly in events; the client's memory under
@@ -16,18 +19,21 @@ machine; CPU time much less). Cost should grow linearly in events; the client's 
     .venv/bin/python bench/bench_scale.py --ranks 1024 --kernels 24 --format kineto --keep /tmp/b
     .venv/bin/python bench/bench_scale.py --ranks 8 --kernels 190 950 3850 --format kineto \
         --mode local dask --keep /tmp/b
+    .venv/bin/python bench/bench_scale.py --ranks 8 8 --kernels 190 3850 --format kineto \
+        --mode command command-dask --keep /tmp/b
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from bench_load import measure
+from bench_load import measure, measure_command
 
 REPO = Path(__file__).resolve().parents[1]
 TIMED = {"local": """
@@ -49,6 +55,7 @@ if __name__ == "__main__":
         t2 = time.perf_counter()
         print(int(trace.ranks["events"].sum()), analysis.held_ops, t1 - t0, t2 - t1)
 """}
+COMMANDS = {"command": [], "command-dask": ["--dask", "local", "--jobs", "{workers}"]}
 
 
 def simulate(out: Path, ranks: int, kernels: int, fmt: str) -> float:
@@ -65,14 +72,25 @@ def simulate(out: Path, ranks: int, kernels: int, fmt: str) -> float:
 
 
 def run(folder: Path, ranks: int, kernels: int, fmt: str, mode: str, workers: int) -> str:
-    """One row of the table: load + analyze the bundle in a fresh process."""
+    """One row of the table: load + analyze the bundle in a fresh process (or the command)."""
     bundle = folder / f"large-{fmt}-{ranks}r-{kernels}k.tar.gz"
-    step = measure(TIMED[mode].format(bundle=str(bundle), workers=workers))
-    events, ops, load_s, analyze_s = step.out.split()[-4:]
-    return (f"{fmt:>7} {mode:>5} {ranks:>6} {kernels:>7} {int(events):>11,} {int(ops):>10,} "
-            f"{float(load_s):>7.2f} s {float(analyze_s):>7.2f} s "
+    if mode in COMMANDS:
+        step = measure_command([sys.executable, "-m", "tracegraph", "analyze", "--json",
+                                "--no-cache", *[a.format(workers=workers) for a in COMMANDS[mode]],
+                                str(bundle)])
+        events, ops, times = _summed_events(step.out), "-", f"{'-':>9} {'-':>9}"
+    else:
+        step = measure(TIMED[mode].format(bundle=str(bundle), workers=workers))
+        events, ops, load_s, analyze_s = step.out.split()[-4:]
+        ops, times = f"{int(ops):,}", f"{float(load_s):>7.2f} s {float(analyze_s):>7.2f} s"
+    return (f"{fmt:>7} {mode:>12} {ranks:>6} {kernels:>7} {int(events):>11,} {ops:>10} {times} "
             f"{step.wall:>7.2f} s {step.cpu or 0:>7.1f} s {step.rss / 2**20:>7.0f} MiB "
             f"{step.own / 2**20:>7.0f} MiB {(step.cpu or step.wall) / int(events) * 1e6:>8.2f}")
+
+
+def _summed_events(summary: str) -> int:
+    """Events of every rank, from `analyze --json`'s inventory."""
+    return sum(rank["events"] for rank in json.loads(summary)["ranks"])
 
 
 def main() -> None:
@@ -83,14 +101,15 @@ def main() -> None:
     parser.add_argument("--format", nargs="+", choices=["ascend", "ascend-db", "kineto"],
                         default=["ascend"])
     parser.add_argument("--keep", type=Path, help="keep (and reuse) the bundles in this folder")
-    parser.add_argument("--mode", nargs="+", choices=["local", "dask"], default=["local"],
-                        help="analyse locally and/or on a LocalCluster (--dask local)")
+    parser.add_argument("--mode", nargs="+", choices=[*TIMED, *COMMANDS], default=["local"],
+                        help="analyse locally and/or on a LocalCluster (--dask local); "
+                             "command[-dask]: `tracegraph analyze --json` as a user runs it")
     parser.add_argument("--workers", type=int, default=2, help="Dask workers")
     args = parser.parse_args()
     kernels = args.kernels * len(args.ranks) if len(args.kernels) == 1 else args.kernels
     if len(kernels) != len(args.ranks):
         parser.error("--kernels takes one value or one per --ranks value")
-    print(f"{'format':>7} {'mode':>5} {'ranks':>6} {'kernels':>7} {'events':>11} {'ops':>10} "
+    print(f"{'format':>7} {'mode':>12} {'ranks':>6} {'kernels':>7} {'events':>11} {'ops':>10} "
           f"{'load':>9} {'analyze':>9} {'total':>9} {'cpu':>9} {'peak':>11} {'client':>11} "
           f"{'cpu µs/ev':>9}", flush=True)
     with tempfile.TemporaryDirectory(prefix="tracegraph-scale-") as tmp:

@@ -17,7 +17,7 @@ import tracegraph
 from parsers.base import TraceError
 from tests.conftest import REPO, SAMPLES
 from tracegraph.analysis.analyze import analyze
-from tracegraph.analysis.distributed import analyze_on_cluster
+from tracegraph.analysis.distributed import ON_CLUSTER, analyze_on_cluster
 from tracegraph.analysis.findings import find_all
 from tracegraph.analysis.overlap import overlap_ratios
 from tracegraph.analysis.pipeline import recover
@@ -84,6 +84,10 @@ CLUSTER_BUNDLES = {
 }
 
 
+PIPELINED = {"gloo", "seed-ascend", "pp4-corpus"}  # a pipeline schedule is recovered
+NO_CEILINGS = set()  # bundles whose local summary has no gain ceiling to refuse
+
+
 def _cluster_bundle(real: Path, name: str) -> Path:
     where = CLUSTER_BUNDLES[name]
     return where if isinstance(where, Path) else real / where
@@ -104,20 +108,26 @@ def _everything(analysis) -> dict[str, object]:
 @pytest.mark.parametrize("name", CLUSTER_BUNDLES)
 def test_the_cluster_loads_and_analyses_as_the_local_pass(real: Path, client, name: str) -> None:
     """Same tables, and the same answers to the last digit: every bubble with its intervals,
-    chain and confidence, blame, critical paths, clock offsets, steps, slow ranks, warnings;
-    the walks went on across parts, and the analysis left the client without an event or an
-    op (the gain ceilings, which replay the whole graph, gather its ops when summarized)."""
+    chain and confidence, blame, critical paths, clock offsets, steps, slow ranks, warnings,
+    findings, overlap and pipeline schedule (computed rank by rank on the workers); the walks
+    went on across parts, and neither the analysis nor its summary brought an event or an op
+    to the client. The gain ceilings, a replay of the whole graph, are refused, saying why."""
     bundle = _cluster_bundle(real, name)
     local_trace = tracegraph.load(bundle, use_cache=False)
     trace = load_on_cluster(bundle, client, use_cache=False)
     assert trace.groups.equals(local_trace.groups) and trace.ranks.equals(local_trace.ranks)
     assert trace.warnings == local_trace.warnings
     analysis = analyze_on_cluster(trace)
-    held = not {"ops", "graph", "start"} & set(vars(analysis)) and "events" not in vars(trace)
-    assert held
     local = analyze(local_trace)
-    assert _everything(analysis) == _everything(local)
+    remote_summary, local_summary = _everything(analysis), _everything(local)
+    assert remote_summary.pop("gain_ceilings") == {"causes": [], "refused": [ON_CLUSTER]}
+    assert local_summary.pop("gain_ceilings")["causes"] or name in NO_CEILINGS
+    assert remote_summary == local_summary
     assert overlap_ratios(analysis, by_rank=True) == overlap_ratios(local, by_rank=True)
+    assert bool(remote_summary.get("pipeline", {}).get("steps")) == (name in PIPELINED)
+    assert remote_summary["findings"]
+    held = not {"ops", "graph", "start"} & set(vars(analysis)) and "events" not in vars(trace)
+    assert held and analysis.held
     assert trace.memory.equals(local_trace.memory)
     assert analysis.parts == min(4, len(trace.ranks))  # two per worker
     part = {rank: k for k, ranks in enumerate(np.array_split(trace.rank_ids, analysis.parts))
@@ -174,13 +184,20 @@ def test_detail_is_gathered_from_the_parts_when_read(real: Path, client) -> None
 
 def test_every_reading_command_runs_on_the_cluster(tmp_path: Path) -> None:
     """`--dask local` on each command that reads a bundle; analyze and whatif print what they
-    print without it."""
+    print without it, but for analyze's gain ceilings, refused on a cluster with the reason
+    (in the JSON and on the terminal)."""
     bundle = str(SAMPLES / "gloo_pp2_dp2")
     for same in (["analyze", bundle, "--json"], ["whatif", bundle, "--straggler", "1", "--json"]):
         local = _cli(*same, "--no-cache")
         remote = _cli(*same, "--no-cache", "--dask", "local", "--jobs", "2")
         assert local.returncode == remote.returncode == 0, remote.stderr
-        assert json.loads(remote.stdout) == json.loads(local.stdout)
+        local_json, remote_json = json.loads(local.stdout), json.loads(remote.stdout)
+        if same[0] == "analyze":
+            assert local_json.pop("gain_ceilings")["causes"]
+            assert remote_json.pop("gain_ceilings") == {"causes": [], "refused": [ON_CLUSTER]}
+        assert remote_json == local_json
+    terminal = _cli("analyze", bundle, "--no-cache", "--dask", "local", "--jobs", "2")
+    assert f"gain ceilings not computed: {ON_CLUSTER}" in " ".join(terminal.stdout.split())
     for command, args in {"report": ["-o", str(tmp_path / "r.html")],
                           "check": ["--preset", "hsdp-async-reduction",
                                     "--allow-not-applicable"],

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from functools import partial
+from typing import TypeVar
 
 import numpy as np
 import pandas as pd
@@ -25,6 +27,7 @@ from tracegraph.loading.steps import step_markers
 from tracegraph.loading.trace import Trace
 from tracegraph.progress import Progress
 
+T = TypeVar("T")
 DEVICE_WORK = (schema.COMPUTE, schema.MEMCPY, schema.COLLECTIVE, schema.P2P)
 PROGRESS_EVENTS = 1_000_000  # analyses of more events than this show a progress bar
 NS_PER_MS = 1e6
@@ -51,10 +54,32 @@ class Analysis:
     threshold_ms: float = 1.0  # the shortest stall counted as a bubble
 
     @property
+    def sampled(self) -> bool:
+        """Whether the trace is sub-sampled or truncated (`DepGraph.sampled`)."""
+        return self.graph.sampled
+
+    @property
     def caveat(self) -> str:
         """What makes every timing verdict of this analysis unsure ("" when nothing does): a
         sub-sampled or truncated trace, whose idle gaps may be events it lost."""
-        return f"{SAMPLED}: idle gaps may be events the trace lost" if self.graph.sampled else ""
+        return f"{SAMPLED}: idle gaps may be events the trace lost" if self.sampled else ""
+
+    def no_replay(self) -> str:
+        """Why the whole graph cannot be replayed (whatif, gain ceilings); "" when it can."""
+        return f"no replay: {self.caveat}" if self.caveat else ""
+
+    def by_part(self, function: Callable[..., T], *args: object) -> list[T]:
+        """`function(analysis, *args)` for each part of the ranks, in rank order: here the
+        whole analysis, once; on a cluster (`distributed.ClusterAnalysis`) an Analysis of each
+        part's ranks, where they lie. For what is computed rank by rank."""
+        return [function(self, *args)]
+
+    def table_by_part(self, function: Callable[..., pd.DataFrame], *args: object
+                      ) -> pd.DataFrame:
+        """`by_part` of a function returning a table: the parts' tables as one."""
+        tables = self.by_part(function, *args)
+        kept = [t for t in tables if len(t)] or tables[:1]
+        return kept[0] if len(kept) == 1 else pd.concat(kept, ignore_index=True)
 
     @property
     def origin(self) -> int:
@@ -67,13 +92,15 @@ class Analysis:
         """rank, step, start, end (aligned ns), ms: the ProfilerStep windows, else each rank's
         whole span as step -1."""
         steps = self.steps[["rank", "step", "start", "end"]]
-        if not len(steps) and len(self.ops):
-            start, end = self.start, self.end
-            spans = pd.DataFrame({"rank": self.ops.frame["rank"], "start": start, "end": end})
-            steps = spans.groupby("rank", as_index=False).agg(start=("start", "min"),
-                                                              end=("end", "max"))
-            steps.insert(1, "step", -1)
+        if not len(steps):
+            steps = self.rank_spans()
         return steps.assign(ms=(steps["end"] - steps["start"]) / NS_PER_MS).reset_index(drop=True)
+
+    def rank_spans(self) -> pd.DataFrame:
+        """rank, step (-1), start, end: each rank's whole span (aligned ns)."""
+        if not len(self.ops):
+            return self.steps[["rank", "step", "start", "end"]]
+        return spans_by_rank(self.ops.frame["rank"], self.start, self.end)
 
     def stated_steps(self) -> pd.DataFrame:
         """rank, step, ms, computing_ms of the steps a rank's step table states (Ascend's
@@ -92,6 +119,14 @@ class Analysis:
                 for category, ns in bubble.by_category().items():
                     totals[category] = totals.get(category, 0.0) + ns / 1e6
         return dict(sorted(totals.items(), key=lambda item: -item[1]))
+
+
+def spans_by_rank(ranks: pd.Series, start: np.ndarray, end: np.ndarray) -> pd.DataFrame:
+    """rank, step (-1), start, end: the first start and last end of each rank's ops."""
+    spans = pd.DataFrame({"rank": ranks, "start": start, "end": end})
+    steps = spans.groupby("rank", as_index=False).agg(start=("start", "min"), end=("end", "max"))
+    steps.insert(1, "step", -1)
+    return steps
 
 
 def analyze(trace: Trace, *, threshold_ms: float = 1.0, executor: Executor | None = None

@@ -13,9 +13,14 @@ their links and wake-ups), each piece's op described once (rank, lane, name, cau
 folds them into intervals and path segments exactly as the local analysis does, so the result
 is the same. The client so holds the comm ops, steps, bubbles and paths, never every kernel;
 `ops`, `matches`, `graph`, `start` and `end` are gathered from the parts only when a command
-reads them (report, check, diff, graph). What runs on the client from what it gathers: the gain
-ceilings (a replay of the whole graph), the findings, the overlap and the pipeline schedule (the
-annotations it reads are events): `analyze` on a cluster so gathers the ops once, after the walks.
+reads them (report, check, diff, graph, whatif).
+
+What the summary adds is computed rank by rank where the ranks lie too (`Analysis.by_part`: each
+part's ranks as an Analysis of their own, `_PartAnalysis`): the overlap and the findings' tables,
+the pipeline's blocks (the phase scores of op names summed over the parts first); the client
+combines their rows as the local analysis does, so `analyze --dask` never gathers an op. The gain
+ceilings are refused on a cluster (`ON_CLUSTER`): a replay of the whole graph needs every op of
+every rank in one process.
 
 A cycle of dependencies is looked for within each part; one that would run through several
 parts is not (the local analysis finds it).
@@ -25,14 +30,20 @@ from __future__ import annotations
 
 import itertools
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pandas as pd
 from pandas.api.types import union_categoricals
 
-from tracegraph.analysis.analyze import Analysis, step_windows_of_markers, with_launched_work
+from tracegraph.analysis.analyze import (
+    Analysis,
+    spans_by_rank,
+    step_windows_of_markers,
+    with_launched_work,
+)
 from tracegraph.analysis.blame import Blamer, Bubble, Interval, merged, own_or, pipelined_job
 from tracegraph.analysis.bubbles import find_bubbles, sureness
 from tracegraph.analysis.critical_path import (
@@ -69,7 +80,7 @@ from tracegraph.graph.ops import COMM_KINDS, STRING_COLUMNS, Ops, build_ops
 from tracegraph.loading.distributed import ClusterTrace
 from tracegraph.loading.loader import with_rank
 from tracegraph.loading.steps import step_markers
-from tracegraph.loading.trace import events_frame
+from tracegraph.loading.trace import Trace, events_frame
 
 PARTS_PER_WORKER = 2  # parts (of contiguous ranks) per worker: walks of one part run in turn
 _COMM_COLUMNS = ["rank", "kind", "comm", "group", "seq", "peer", "start", "end", "stream",
@@ -110,6 +121,10 @@ def analyze_on_cluster(trace: ClusterTrace, *, threshold_ms: float = 1.0) -> Ana
 
 
 _GATHERED = ("ops", "matches", "graph", "start", "end", "slow_op")
+ON_CLUSTER = ("no replay on a cluster (--dask): a replay needs the whole dependency graph, "
+              "every op of every rank, in one process; run `analyze` without --dask, or "
+              "`whatif`, for them")
+T = TypeVar("T")
 
 
 @dataclass
@@ -125,8 +140,45 @@ class ClusterAnalysis(Analysis):
         if name in _GATHERED and "_parts" in self.__dict__:
             self.__dict__.update(self._parts.gathered(self.trace, self._cross))
             del self.__dict__["_parts"]
+            self.__dict__.pop("_views", None)
             return getattr(self, name)
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    @property
+    def held(self) -> bool:
+        """Whether the ops are still on the cluster only (nothing gathered them)."""
+        return "_parts" in self.__dict__
+
+    @property
+    def sampled(self) -> bool:
+        return self._cross.sampled
+
+    @property
+    def origin(self) -> int:
+        if len(self.steps) or not self.held:
+            return Analysis.origin.fget(self)
+        first, _ = self._parts.span()
+        return int(first.min()) if len(first) else 0
+
+    def no_replay(self) -> str:
+        return ON_CLUSTER
+
+    def rank_spans(self) -> pd.DataFrame:
+        if not self.held:
+            return super().rank_spans()
+        spans = [s for s in self._parts.each(_rank_spans) if len(s)]
+        return pd.concat(spans, ignore_index=True) if spans else self.steps[
+            ["rank", "step", "start", "end"]]
+
+    def by_part(self, function: Callable[..., T], *args: object) -> list[T]:
+        """`function` on an Analysis of each part's ranks, on its worker (`_PartAnalysis`)."""
+        if not self.held:
+            return super().by_part(function, *args)
+        client = self.trace.client
+        if "_views" not in self.__dict__:
+            self._views = self._parts.views(self)
+        return client.gather([client.submit(_on_view, view, function, *args, pure=False)
+                              for view in self._views])
 
 
 # --- the client's side -------------------------------------------------------------------------
@@ -250,6 +302,24 @@ class _Parts:
              for b in batches]) for k, segs in part.items()}
         return {step: [_own(s, rank) for s in walked[k]] if ends[k] is not None
                 else no_op_path(rank, window) for k, (step, rank, window) in enumerate(windows)}
+
+    def views(self, analysis: ClusterAnalysis) -> list[Any]:
+        """Futures of an Analysis of each part's ranks, with their steps and bubbles."""
+        trace, steps, stepped = analysis.trace, analysis.steps, bool(len(analysis.steps))
+        views = []
+        for future, facts in zip(self.futures, self.facts, strict=True):
+            held = set(facts.held)
+            mine = _PartAnalysis(
+                trace=Trace(trace.source, None, trace.groups,  # type: ignore[arg-type]
+                            trace.ranks[trace.ranks["rank"].isin(held)], memory=trace.memory[
+                                trace.memory["rank"].isin(held)]),
+                ops=None, matches=None, graph=None, offsets=analysis.offsets,  # the part's
+                start=None, end=None, steps=steps[steps["rank"].isin(held)],
+                bubbles=[b for b in analysis.bubbles if b.rank in held],
+                critical_paths={}, slow_ranks=analysis.slow_ranks, peers=analysis.peers,
+                slow_op=None, threshold_ms=analysis.threshold_ms, stepped=stepped)
+            views.append(self.client.submit(_viewed, future, mine, pure=False))
+        return views
 
     def submitted(self, function: Any, args: list[tuple]) -> list[Any]:
         """`function(part, *args[k])` on every part k, its results left on the workers."""
@@ -424,6 +494,34 @@ class _CrossOf:
     first_lane: int
     first_event: int
     sampled: bool
+
+
+@dataclass
+class _PartAnalysis(Analysis):
+    """The analysis of a part's ranks, on its worker: its ops, graph and op times, with the
+    steps and bubbles of its ranks (what `Analysis.by_part` functions read)."""
+
+    stepped: bool = True  # the whole analysis has step windows (else each rank's span is one)
+
+    def rank_spans(self) -> pd.DataFrame:
+        if self.stepped:  # a rank without steps has none, as in the whole analysis
+            return self.steps[["rank", "step", "start", "end"]]
+        return super().rank_spans()
+
+
+def _viewed(part: _Part, view: _PartAnalysis) -> _PartAnalysis:
+    view.trace.events, view.ops, view.matches, view.graph = (part.events, part.ops,
+                                                             part.within, part.graph)
+    view.start, view.end, view.slow_op = part.graph.start, part.graph.end, part.slow_op
+    return view
+
+
+def _on_view(view: _PartAnalysis, function: Callable[..., T], *args: object) -> T:
+    return function(view, *args)
+
+
+def _rank_spans(part: _Part) -> pd.DataFrame:
+    return spans_by_rank(part.ops.frame["rank"], part.graph.start, part.graph.end)
 
 
 def _build(held: list) -> _Part:

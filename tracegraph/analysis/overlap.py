@@ -68,7 +68,12 @@ def overlap_table(analysis: Analysis) -> pd.DataFrame:
     """rank, step, dim, comm_ms, overlap_ms, waiting_ms, unexplained_ms: per step, the time the
     communication of each group kind of every timed rank was in flight, how much of it its main
     lane spent computing, and how much of the rest it waited for something else (ELSEWHERE) or
-    for what blame could not tell (UNKNOWN: the profile holds no wait to follow)."""
+    for what blame could not tell (UNKNOWN: the profile holds no wait to follow). Computed
+    rank by rank, where the ranks lie (`Analysis.by_part`)."""
+    return analysis.table_by_part(_overlap_rows)
+
+
+def _overlap_rows(analysis: Analysis) -> pd.DataFrame:
     start, end = analysis.start, analysis.end
     dims, computing = comm_dims(analysis), main_compute(analysis)
     ranks = analysis.ops.frame["rank"].to_numpy()
@@ -146,7 +151,12 @@ def stage_reductions(analysis: Analysis) -> list[tuple[int, int, int, np.ndarray
 
 def reduction_overlap(analysis: Analysis) -> pd.DataFrame:
     """rank, start, end, ms, overlap_ms, ratio of every stage reduction of a timed rank: how
-    much of it the rank's main lane spent computing (the later chunks' compute it overlapped)."""
+    much of it the rank's main lane spent computing (the later chunks' compute it overlapped),
+    rank by rank where the ranks lie."""
+    return analysis.table_by_part(_reduction_rows)
+
+
+def _reduction_rows(analysis: Analysis) -> pd.DataFrame:
     start, end, computing = analysis.start, analysis.end, main_compute(analysis)
     ranks = analysis.ops.frame["rank"].to_numpy()
     timed = timed_ranks(analysis)

@@ -50,7 +50,8 @@ def analyze_command(
         held = partial(inventory_of, trace, cache_dir, no_cache)
         analysed = partial(analysis_of, trace, cache_dir, no_cache, threshold_ms)
         options = {"threshold_ms": threshold_ms, "step": step, "top": top,
-                   "inventory_only": inventory_only}
+                   "inventory_only": inventory_only,
+                   "on_cluster": client is not None}  # whose summary refuses the ceilings
         if as_json:  # the JSON itself is kept: a second run reads and prints it
             print_json(remember(trace, cache_dir, no_cache, "summary", options, lambda: _summary(
                 bundle, trace, held(), None if inventory_only else analysed(), step, top)))

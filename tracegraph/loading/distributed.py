@@ -40,7 +40,7 @@ from tracegraph.loading.loader import (
     with_rank,
 )
 from tracegraph.loading.resolve import CommRows, comm_rows, settle_rows, unsettled, write_settled
-from tracegraph.loading.trace import Trace, events_frame
+from tracegraph.loading.trace import Trace, events_frame, p2p_links
 from tracegraph.progress import Progress
 
 
@@ -83,6 +83,14 @@ class ClusterTrace(Trace):
 
     client: Any = None
     held: list[Any] = field(default_factory=list)
+
+    def p2p_links(self) -> set[tuple[int, int]]:
+        """(rank, peer) of every P2P op, found on the workers (the events stay there)."""
+        if "_links" not in self.__dict__:
+            found = self.client.gather([self.client.submit(_p2p_links, f, pure=False)
+                                        for f in self.held])
+            self._links = set().union(*found)
+        return self._links
 
 
 @dataclass
@@ -240,6 +248,10 @@ def _settled(parsed: ParsedRank, comm: CommRows) -> ParsedRank:
 
 def _events_of(parsed: ParsedRank) -> pa.Table:
     return with_rank(parsed.events, parsed.rank)
+
+
+def _p2p_links(parsed: ParsedRank) -> set[tuple[int, int]]:
+    return p2p_links(events_frame([_events_of(parsed).select(["rank", "peer", "comm"])]))
 
 
 def _rank_summary(parsed: ParsedRank, row: dict[str, object]) -> dict[str, object]:

@@ -64,6 +64,13 @@ class _Column:
         return pd.Categorical.from_codes(self.data, dtype=pd.CategoricalDtype(categories))
 
 
+def p2p_links(events: pd.DataFrame) -> set[tuple[int, int]]:
+    """(rank, peer) of every P2P op among `events`."""
+    pairs = events.loc[(events["peer"] >= 0) & events["comm"].isin(schema.P2P_COMMS),
+                       ["rank", "peer"]]
+    return {(int(a), int(b)) for a, b in pairs.drop_duplicates().itertuples(index=False)}
+
+
 @dataclass
 class Trace:
     """A loaded bundle: `events`, `groups`, `ranks` and `memory` as pandas DataFrames (schema.py
@@ -130,6 +137,10 @@ class Trace:
                 for rank, text in zip(stated["rank"], stated["stated_steps"], strict=True)
                 for step, (stage, busy) in json.loads(text).items()]
         return pd.DataFrame(rows, columns=columns)
+
+    def p2p_links(self) -> set[tuple[int, int]]:
+        """(rank, peer) of every P2P op."""
+        return p2p_links(self.events)
 
     def group_members(self) -> dict[str, tuple[int, ...]]:
         """Group id -> member global ranks (empty when the source did not say)."""

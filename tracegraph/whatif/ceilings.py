@@ -60,8 +60,8 @@ def remover(subject: Subject, category: str) -> list[Edit]:
 def gain_ceilings(analysis: Analysis) -> dict[str, object]:
     """Per root cause of the analysis' bubbles: the step time removing it saves at most (median
     over steps, ms and % of the measured step, best and worst step), and why a cause has none."""
-    if analysis.caveat:  # a replay would credit the lost events' time to the gaps they left
-        return {"causes": [], "refused": [f"no replay: {analysis.caveat}"]}
+    if why := analysis.no_replay():  # lost events (their time would go to the gaps they
+        return {"causes": [], "refused": [why]}  # left), or a graph that is not in one place
     subject = subject_of(analysis)
     if "ceilings" not in subject.memo:
         try:

@@ -26,7 +26,12 @@ SUGGESTION = ("set CUDA_DEVICE_MAX_CONNECTIONS > 1 (on Ascend: give communicatio
 def serialized_table(analysis) -> pd.DataFrame:
     """rank, main, comm (lane names; P2P streams are left out: a pipeline's transfers and
     compute take turns by dependency), busy_main_ms, busy_comm_ms, concurrent_ms, delayed_ops,
-    delayed_ms: per rank and communication stream, in all steps."""
+    delayed_ms: per rank and communication stream, in all steps (rank by rank, where the ranks
+    lie)."""
+    return analysis.table_by_part(_serialized_rows)
+
+
+def _serialized_rows(analysis) -> pd.DataFrame:
     frame = analysis.ops.frame
     start, end = analysis.start, analysis.end
     lane, lanes = frame["lane_id"].to_numpy(), analysis.ops.lanes

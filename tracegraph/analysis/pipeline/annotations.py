@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from tracegraph import schema
-from tracegraph.analysis.pipeline.blocks import WORK_KINDS, B, F, Pipeline, W, staged
+from tracegraph.analysis.pipeline.blocks import WORK_KINDS, B, F, Pipeline, W, staged, work
 from tracegraph.analysis.pipeline.labels import labelled
 from tracegraph.analysis.pipeline.replicas import layout
 
@@ -33,17 +33,30 @@ RANGE = re.compile(
 
 def from_annotations(analysis) -> Pipeline | None:
     """Blocks from the phase ranges of the trace; None when it has none (or only ranges
-    without numbers in a job without a pipeline)."""
-    ranges = _ranges(analysis)
-    if ranges.empty:
+    without numbers in a job without a pipeline). The ranges are read rank by rank where the
+    ranks lie (`Analysis.by_part`)."""
+    found = analysis.by_part(_annotated)
+    kept = [blocks for blocks, _ in found if len(blocks)]
+    if not kept:
         return None
-    blocks = _extents(analysis, ranges)
-    depth = _flow_depth(analysis.trace.events)
+    blocks = pd.concat(kept, ignore_index=True)
+    depth = _flow_depth(np.concatenate([edges for _, edges in found]))
     if blocks["mb"].notna().all():
         blocks = blocks.assign(microbatch=blocks["mb"].astype("int64"),
                                chunk=blocks["chunk"].fillna(0).astype("int64"))
         return staged(analysis, blocks, "annotations", depth)
     return _numbered(analysis, blocks[blocks["phase"].isin([F, B])], depth)
+
+
+def _annotated(analysis) -> tuple[pd.DataFrame, np.ndarray]:
+    """The blocks of the ranges of the analysis' ranks (`_extents`, with their main-lane compute
+    in `work`) and the edges of their forward data flow (`_flow_edges`)."""
+    ranges = _ranges(analysis)
+    edges = _flow_edges(analysis.trace.events)
+    if ranges.empty:
+        return pd.DataFrame(), edges
+    blocks = _extents(analysis, ranges)
+    return blocks.assign(work=work(analysis, blocks)), edges
 
 
 def _ranges(analysis) -> pd.DataFrame:
@@ -103,21 +116,24 @@ def _numbered(analysis, blocks: pd.DataFrame, depth: dict[int, int]) -> Pipeline
     return labelled(analysis, blocks, replicas, "annotations") if replicas else None
 
 
-def _flow_depth(events: pd.DataFrame) -> dict[int, int]:
-    """rank -> depth in the forward data flow of annotated P2P ops.
-
-    A receive inside a forward block (or a send inside a backward one) comes from upstream;
-    ranks on a cycle (interleaved stages wrap around) share a depth and fall back to rank order.
-    """
+def _flow_edges(events: pd.DataFrame) -> np.ndarray:
+    """(upstream rank, downstream rank) of every annotated P2P op: a receive inside a forward
+    block (or a send inside a backward one) comes from upstream."""
     p2p = events[(events["kind"] == schema.P2P) & (events["peer"] >= 0)
                  & events["comm"].isin(["send", "recv"])]
     phase = p2p["annotation"].str.extract(RANGE)["phase"].str.lower().map(_PHASES)
     from_peer = (p2p["comm"] == "recv") == (phase == F)
-    known = phase.isin([F, B])
+    known = phase.isin([F, B]).to_numpy()
     rank, peer = p2p["rank"].to_numpy(), p2p["peer"].to_numpy()
+    return np.column_stack([np.where(from_peer, peer, rank)[known],
+                            np.where(from_peer, rank, peer)[known]]).astype(np.int64)
+
+
+def _flow_depth(edges: np.ndarray) -> dict[int, int]:
+    """rank -> depth in the forward data flow of annotated P2P ops (`_flow_edges`); ranks on a
+    cycle (interleaved stages wrap around) share a depth and fall back to rank order."""
     flow = nx.DiGraph()
-    flow.add_edges_from(zip(np.where(from_peer, peer, rank)[known.to_numpy()],
-                            np.where(from_peer, rank, peer)[known.to_numpy()], strict=True))
+    flow.add_edges_from(map(tuple, edges.tolist()))
     if not flow.number_of_nodes():
         return {}
     dag = nx.condensation(flow)

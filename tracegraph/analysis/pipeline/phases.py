@@ -37,24 +37,44 @@ MOVES = ((0, 1), (0, 2), (1, 4), (2, 3), (1, 5), (2, 5), (3, 5), (4, 5))
 EVIDENCE = 0.5  # weight of what the nearest P2P boundaries say, beside the names
 
 
-def name_scores(work: pd.DataFrame, names: pd.Index) -> pd.Series:
-    """name_id -> log odds of forward over backward among the stretches P2P evidence labels
-    (share of forward stretches holding the name vs of backward ones); NaN for names that
-    never occur in two stretches of one rank and step. PyTorch's autograd ops (`names` by id)
-    are backward whatever the stretches say: the last stage's loss backward is never alone."""
+def name_counts(work: pd.DataFrame, names: pd.Index) -> tuple[pd.DataFrame, pd.Series]:
+    """What `name_scores` counts in some ranks' work (`names` by id): per name (the index) the
+    stretches P2P evidence labels F and B holding it and the most stretches holding it in one
+    rank's step (`most`); and how many stretches of each phase there are. Counts of parts of
+    the ranks add up (`most`: the largest)."""
     labelled = work[work["evidence"].isin([F, B])]
     stretch = ["rank", "step", "cut", "evidence"]
     present = labelled.drop_duplicates([*stretch, "name_id"])
     counts = present.groupby(["name_id", "evidence"]).size().unstack(fill_value=0).reindex(
         columns=[F, B], fill_value=0)
+    most = present.groupby(["name_id", "rank", "step"]).size().groupby("name_id").max()
+    counts = counts.assign(most=most.reindex(counts.index, fill_value=0))
+    counts.index = names[counts.index.to_numpy(dtype=np.int64)]
     stretches = labelled.drop_duplicates(stretch)["evidence"].value_counts()
-    share = counts / np.maximum(stretches.reindex([F, B], fill_value=0).to_numpy(), 1)
+    return counts, stretches.reindex([F, B], fill_value=0)
+
+
+def name_scores(counted: list[tuple[pd.DataFrame, pd.Series]]) -> pd.Series:
+    """name -> log odds of forward over backward among the stretches P2P evidence labels
+    (share of forward stretches holding the name vs of backward ones), over the `name_counts`
+    of every part of the ranks; NaN for names that never occur in two stretches of one rank and
+    step."""
+    frames = [c for c, _ in counted if len(c)]
+    if not frames:
+        return pd.Series(dtype=float)
+    counts = pd.concat(frames).groupby(level=0).agg({F: "sum", B: "sum", "most": "max"})
+    stretches = sum(s for _, s in counted)
+    share = counts[[F, B]] / np.maximum(stretches.to_numpy(), 1)
     score = np.log((share[F] + SMOOTH) / (share[B] + SMOOTH)).clip(-CLIP, CLIP)
-    recurring = present.groupby(["name_id", "rank", "step"]).size().groupby("name_id").max() >= 2
-    score = score.where(recurring.reindex(score.index, fill_value=False))
-    autograd = np.flatnonzero(names.str.contains(AUTOGRAD, regex=True))
-    score = score.reindex(score.index.union(autograd))
-    score[autograd] = -CLIP
+    return score.where(counts["most"] >= 2)
+
+
+def scores_by_id(scores: pd.Series, names: pd.Index) -> pd.Series:
+    """name_id -> its name's score (`name_scores`; NaN for none). PyTorch's autograd ops
+    (`names` by id) are backward whatever the stretches say: the last stage's loss backward is
+    never alone."""
+    score = pd.Series(names).map(scores).astype(float)
+    score[names.str.contains(AUTOGRAD, regex=True)] = -CLIP
     return score
 
 

@@ -6,16 +6,11 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from tracegraph import schema
-
-_P2P_COMMS = tuple(schema.P2P_COMMS)
-
 
 def linked(trace) -> set[tuple[int, int]]:
-    """(rank, peer) of every P2P op."""
-    events = trace.events
-    pairs = events.loc[(events["peer"] >= 0) & events["comm"].isin(_P2P_COMMS), ["rank", "peer"]]
-    return {(int(a), int(b)) for a, b in pairs.drop_duplicates().itertuples(index=False)}
+    """(rank, peer) of every P2P op (`Trace.p2p_links`: on a cluster, found where the ranks
+    lie)."""
+    return trace.p2p_links()
 
 
 @dataclass(frozen=True)
