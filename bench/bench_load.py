@@ -7,11 +7,12 @@ file after another: the decode floor), the start-up floor (interpreter + tracegr
 tracegraph's cold load (no cache, ranks parsed in parallel), its warm load (from the cache), the
 full analysis and, given `--hta-python`, Holistic Trace Analysis' `TraceAnalysis(trace_dir=...)`
 on the same Kineto files. Prints wall time, peak memory of the whole process tree (RSS summed,
-which counts pages that forked workers share once per process, and PSS, which splits them),
-events/s and ratios against orjson.
+which counts the pages forked workers share with their parent once per process; with --pss the
+PSS, which splits them; with --pages the physical pages resident in the tree, each counted
+once), events/s and ratios against orjson.
 
     .venv/bin/python bench/bench_load.py [--ranks 8] [--mb 35] [--format kineto|ascend|both]
-        [--hta-python /tmp/hta-venv/bin/python] [--workdir DIR]
+        [--hta-python /tmp/hta-venv/bin/python] [--workdir DIR] [--pss | --pages]
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import psutil
 
 REPO = Path(__file__).resolve().parents[1]
@@ -87,26 +89,31 @@ def build_ascend(out: Path, ranks: int, megabytes: float) -> list[Path]:
 
 @dataclass
 class Step:
-    """One measured run: wall seconds, CPU seconds (user + system) and peak RSS and PSS
-    (bytes) of the process tree, stdout, and the peak RSS of the measured process alone
-    (`own`: the client, without its workers)."""
+    """One measured run: wall seconds, CPU seconds (user + system) and peak RSS (bytes) of the
+    process tree, summed over its processes, and, when asked, its peak with the pages they share
+    counted once (`once`: PSS, or the distinct resident pages); stdout, and the peak RSS of the
+    measured process alone (`own`: the client, without its workers)."""
 
     wall: float
     cpu: float | None
     rss: int
-    pss: int | None
+    once: int | None
     out: str
     own: int = 0
 
 
-def measure(code: str, python: str = sys.executable, pss: bool = False) -> Step:
+RSS, PSS, PAGES = "rss", "pss", "pages"  # what `measure` samples: see `_tree_memory`
+
+
+def measure(code: str, python: str = sys.executable, metric: str = RSS) -> Step:
     """Run `code` in a fresh interpreter and sample its process tree's memory. RSS (summed over
-    the processes) is cheap to sample; PSS (`pss=True`) reads smaps, which costs enough CPU on a
-    2-core machine to slow the run, so it is sampled less often and in a run of its own."""
-    return measure_command([python, "-c", code], pss)
+    the processes) is cheap to sample; PSS and the distinct pages read each process's smaps or
+    page map, which costs enough CPU on a 2-core machine to slow the run, so they are sampled
+    less often and in a run of their own."""
+    return measure_command([python, "-c", code], metric)
 
 
-def measure_command(argv: list[str], pss: bool = False, ok: tuple[int, ...] = (0,)) -> Step:
+def measure_command(argv: list[str], metric: str = RSS, ok: tuple[int, ...] = (0,)) -> Step:
     """`measure` for any command line (run in the repository, stdout captured, stderr shown);
     exit codes other than `ok` stop the benchmark."""
     used = _children_cpu()
@@ -115,15 +122,16 @@ def measure_command(argv: list[str], pss: bool = False, ok: tuple[int, ...] = (0
         peak = own = 0
         start = time.perf_counter()
         while process.poll() is None:
-            peak = max(peak, _tree_memory(process, pss))
+            peak = max(peak, _tree_memory(process, metric))
             own = max(own, _own_memory(process))
-            time.sleep(0.1 if pss else 0.05)
+            time.sleep(0.05 if metric == RSS else 0.1)
         wall, cpu = time.perf_counter() - start, _children_cpu() - used
         stdout.seek(0)
         out = stdout.read().decode().strip()
     if process.returncode not in ok:
         raise SystemExit(f"benchmark step failed ({process.returncode}): {' '.join(argv)}")
-    return Step(wall, cpu, 0, peak, out, own) if pss else Step(wall, cpu, peak, None, out, own)
+    rss, once = (peak, None) if metric == RSS else (0, peak)
+    return Step(wall, cpu, rss, once, out, own)
 
 
 def _own_memory(process: psutil.Process) -> int:
@@ -139,19 +147,52 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _tree_memory(process: psutil.Process, pss: bool) -> int:
-    """RSS (or PSS) of a process and its descendants, summed; 0 once it is gone."""
+def _tree_memory(process: psutil.Process, metric: str) -> int:
+    """A process and its descendants' memory, 0 once it is gone: RSS or PSS summed, or
+    (`PAGES`) the physical pages resident in any of them, each counted once (what the tree
+    holds of the machine's memory: a forked worker's pages shared with its parent count once,
+    as in PSS, and, unlike PSS, are not split with processes outside the tree)."""
     try:
         tree = [process, *process.children(recursive=True)]
     except psutil.Error:
         return 0
+    if metric == PAGES:
+        frames = [_frames(member.pid) for member in tree]
+        return len(np.unique(np.concatenate(frames))) * PAGE if frames else 0
     total = 0
     for member in tree:
         try:
-            total += member.memory_full_info().pss if pss else member.memory_info().rss
+            total += member.memory_full_info().pss if metric == PSS else member.memory_info().rss
         except psutil.Error:
             continue
     return total
+
+
+PAGE = os.sysconf("SC_PAGE_SIZE")
+_PRESENT, _FRAME = 1 << 63, (1 << 55) - 1  # /proc/PID/pagemap: bit 63 present, bits 0-54 PFN
+
+
+def _frames(pid: int) -> np.ndarray:
+    """The physical frame numbers of `pid`'s resident pages (reading them needs root: without,
+    the kernel reports every frame as 0, which `pages_readable` tells)."""
+    frames = []
+    try:
+        with open(f"/proc/{pid}/maps") as maps, open(f"/proc/{pid}/pagemap", "rb") as pagemap:
+            for line in maps:
+                lo, hi = (int(x, 16) for x in line.split(None, 1)[0].split("-"))
+                pagemap.seek(lo // PAGE * 8)
+                entries = np.frombuffer(pagemap.read((hi - lo) // PAGE * 8), dtype=np.uint64)
+                present = entries[(entries & np.uint64(_PRESENT)) != 0]
+                frames.append(present & np.uint64(_FRAME))
+    except OSError:  # the process ended while read
+        pass
+    return np.concatenate(frames) if frames else np.zeros(0, np.uint64)
+
+
+def pages_readable() -> bool:
+    """Whether this process may read frame numbers from /proc/PID/pagemap (root)."""
+    frames = _frames(os.getpid())
+    return bool(len(frames)) and bool(frames.any())
 
 
 def decode_floor(paths: list[Path], module: str) -> str:
@@ -204,30 +245,32 @@ def hta_missing(python: str | None) -> str | None:
 class Table:
     """Runs and prints the steps of one format against the decode floor."""
 
-    def __init__(self, decoded: int, pss: bool, floor: float) -> None:
-        self.decoded, self.pss, self.floor = decoded, pss, floor
+    def __init__(self, decoded: int, once: str | None, floor: float) -> None:
+        self.decoded, self.once, self.floor = decoded, once, floor
 
     def step(self, label: str, code: str, python: str = sys.executable,
              before: Callable[[], None] | None = None) -> Step:
-        """Measure `code` (again for its PSS when asked, after `before`) and print the row."""
-        run = self.with_pss(measure(code, python), code, python, before)
+        """Measure `code` (again for its shared-once peak when asked, after `before`) and print
+        the row."""
+        run = self.with_once(measure(code, python), code, python, before)
         self.row(label, run)
         return run
 
-    def with_pss(self, run: Step, code: str, python: str = sys.executable,
-                 before: Callable[[], None] | None = None) -> Step:
-        """`run` with the peak PSS of a second run of `code`, when asked for."""
-        if self.pss:
+    def with_once(self, run: Step, code: str, python: str = sys.executable,
+                  before: Callable[[], None] | None = None) -> Step:
+        """`run` with the peak of a second run of `code` sampled as `self.once` (PSS or the
+        distinct pages), when asked for."""
+        if self.once:
             if before:
                 before()
-            run.pss = measure(code, python, pss=True).pss
+            run.once = measure(code, python, self.once).once
         return run
 
     def row(self, label: str, run: Step) -> None:
         ratio = f"{run.wall / self.floor:6.2f}×" if self.floor else "      "
-        pss = f"{run.pss / 2**20:8.0f} MiB" if run.pss is not None else f"{'-':>12}"
+        once = f"{run.once / 2**20:8.0f} MiB" if run.once is not None else f"{'-':>12}"
         cpu = f"{run.cpu:7.2f} s" if run.cpu is not None else f"{'-':>9}"
-        print(f"{label:<34} {run.wall:8.2f} s {cpu} {run.rss / 2**20:8.0f} MiB {pss} "
+        print(f"{label:<34} {run.wall:8.2f} s {cpu} {run.rss / 2**20:8.0f} MiB {once} "
               f"{self.decoded / run.wall / 1e6:8.2f} M ev/s {ratio}", flush=True)
 
 
@@ -236,11 +279,12 @@ def run(fmt: str, args: argparse.Namespace, workdir: Path) -> None:
     size = sum(p.stat().st_size for p in paths)
     bundle, cache = workdir / fmt, workdir / f"cache-{fmt}"
     print(f"\n{fmt}: {args.ranks} ranks, {size / 2**20:.0f} MiB of JSON, {os.cpu_count()} CPUs")
-    print(f"{'':<34} {'wall':>10} {'CPU':>9} {'peak RSS':>12} {'peak PSS':>12} {'events/s':>13} "
+    once = {None: "", PSS: "peak PSS", PAGES: "peak pages"}[args.once]
+    print(f"{'':<34} {'wall':>10} {'CPU':>9} {'peak RSS':>12} {once:>12} {'events/s':>13} "
           f"{'vs orjson':>8}")
     floor = measure(decode_floor(paths, "orjson"))
-    table = Table(int(floor.out), args.pss, floor.wall)
-    table.row("orjson.loads (decode floor)", table.with_pss(floor, decode_floor(paths, "orjson")))
+    table = Table(int(floor.out), args.once, floor.wall)
+    table.row("orjson.loads (decode floor)", table.with_once(floor, decode_floor(paths, "orjson")))
     table.step("json.loads", decode_floor(paths, "json"))
     table.step("start-up (python + imports)", STARTUP)
     clear = lambda: shutil.rmtree(cache, ignore_errors=True)  # noqa: E731
@@ -249,7 +293,7 @@ def run(fmt: str, args: argparse.Namespace, workdir: Path) -> None:
                       before=clear)
     warm = table.step("tracegraph load, warm (cache)", tracegraph_code(bundle, cache, False, True))
     table.row("  of which after the imports", Step(float(warm.out.split()[1]), None, warm.rss,
-                                                    warm.pss, warm.out))
+                                                    warm.once, warm.out))
     table.step("tracegraph load + analyze, cold",
                tracegraph_code(bundle, workdir / f"cold-{fmt}", True, False))
     table.step("  the same, one process (--jobs 1)",
@@ -283,11 +327,17 @@ def main() -> None:
     parser.add_argument("--format", choices=["kineto", "ascend", "both"], default="both")
     parser.add_argument("--hta-python", help="a Python with HolisticTraceAnalysis installed "
                         "(e.g. /tmp/hta-venv/bin/python); HTA is skipped without it")
-    parser.add_argument("--pss", action="store_true", help="also run each step once more to "
-                        "sample its tree's PSS (pages shared by forked workers counted once)")
+    parser.add_argument("--pss", dest="once", action="store_const", const=PSS, help="also run "
+                        "each step once more to sample its tree's PSS (pages shared by forked "
+                        "workers split between them)")
+    parser.add_argument("--pages", dest="once", action="store_const", const=PAGES, help="also run "
+                        "each step once more to sample the physical pages resident in its tree, "
+                        "each counted once (needs root to read /proc/PID/pagemap)")
     parser.add_argument("--workdir", type=Path, help="keep the inputs here and reuse them "
                         "(default: a temporary folder)")
     args = parser.parse_args()
+    if args.once == PAGES and not pages_readable():
+        parser.error("--pages: /proc/PID/pagemap gives no frame numbers here (needs root)")
     formats = ("kineto", "ascend") if args.format == "both" else (args.format,)
     with tempfile.TemporaryDirectory(prefix="tracegraph-bench-") as tmp:
         workdir = args.workdir or Path(tmp)

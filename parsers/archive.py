@@ -265,12 +265,27 @@ class Source:
 
 
 def _read_capped(reader: BinaryIO, where: str, limits: Limits) -> bytes:
+    """All of `reader`, refused past the size limit: a file on disk in one read of its size (the
+    bytes exist once), a stream (a decompressed member) chunk by chunk."""
+    size = _file_size(reader)
+    if size is not None:
+        limits.check_size(size, where)
+        return reader.read(size)  # what it held when measured: bytes appended since are not read
     chunks, total = [], 0
     while chunk := reader.read(_CHUNK):
         total += len(chunk)
         limits.check_size(total, where)
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def _file_size(reader: BinaryIO) -> int | None:
+    """The size of the regular file `reader` reads, else None (a stream, an archive member)."""
+    try:
+        status = os.fstat(reader.fileno())
+    except (AttributeError, OSError, io.UnsupportedOperation):
+        return None
+    return status.st_size if stat.S_ISREG(status.st_mode) else None
 
 
 class DirSource(Source):

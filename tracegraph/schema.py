@@ -11,6 +11,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tracegraph.heap import use_system_allocator
+
+use_system_allocator()  # before any table is built (every process builds them through here)
+
 NO_INT = -1
 """Sentinel for an unknown integer field (peer, seq, bytes, stream, correlation ...)."""
 

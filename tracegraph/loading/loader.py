@@ -9,6 +9,7 @@ by a rename) rather than pickled through a pipe; executors such as Dask's still 
 
 from __future__ import annotations
 
+import gc
 import os
 import tempfile
 from collections.abc import Callable, Iterator
@@ -117,8 +118,12 @@ def _parse_all(
                 yield profile, _finish(profile, parsed, store, key, out)
                 advance()
         return
-    with ProcessPoolExecutor(max_workers=workers) as pool, _handoff_dir(store) as handoff:
-        yield from _parse_on(pool, bundle, todo, store, advance, Path(handoff))
+    gc.freeze()  # objects so far are the workers' too: a collection there would copy their pages
+    try:
+        with ProcessPoolExecutor(max_workers=workers) as pool, _handoff_dir(store) as handoff:
+            yield from _parse_on(pool, bundle, todo, store, advance, Path(handoff))
+    finally:
+        gc.unfreeze()
 
 
 def _handoff_dir(store: Path | None) -> tempfile.TemporaryDirectory:
