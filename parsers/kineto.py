@@ -3,10 +3,12 @@
 Decoding uses typed msgspec Structs that declare only the fields read (the rest is skipped
 without building dicts), one Struct per trace phase, so flow and instant events (a third of a
 typical trace) decode to empty objects; a phase outside the Chrome trace format falls back to a
-single event type. Columns are then built with numpy / pyarrow (per-event Python work is one
-C-level attribute read per needed field; comm ops, annotations and thread names are few and are
-handled row by row), and the decoded events, which keep the file's bytes alive through their raw
-args, are dropped before the table is assembled.
+single event type. The events are decoded BATCH_EVENTS at a time (the document first split into
+each event's raw JSON) and each batch turned into columns with numpy / pyarrow at once (per-event
+Python work is one C-level attribute read per needed field), so a rank never holds all its
+events decoded; the few whose args later passes read (comm ops, gloo annotations, comm kernels,
+syncs, copies) are kept, their raw args copied out of the file's bytes, and handled row by row.
+A damaged file is decoded whole, which names what is wrong and keeps a truncated file's events.
 
 Mapping: device events (pid = device, tid = stream) go to lane "stream N"; host events to
 "thread TID NAME", except gloo worker threads (lane_kind comm). `task_type` keeps the Kineto
