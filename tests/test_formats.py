@@ -266,4 +266,4 @@ def test_importing_parsers_stays_light():
             "print(sorted(m for m in sys.modules if m.startswith('tracegraph')))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                          check=True)
-    assert out.stdout.split() == ["['tracegraph',", "'tracegraph.schema']"]
+    assert out.stdout.split() == ["['tracegraph',", "'tracegraph.heap',", "'tracegraph.schema']"]

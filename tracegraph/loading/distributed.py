@@ -13,6 +13,7 @@ when a command needs every event (export). tracegraph.analysis.distributed analy
 
 from __future__ import annotations
 
+import logging
 import operator
 import os
 from collections.abc import Callable, Iterator
@@ -54,7 +55,9 @@ def dask_cluster(address: str, workers: int | None = None) -> Iterator[Any]:
     cluster = None
     if address == "local":
         cluster = LocalCluster(n_workers=workers or os.cpu_count() or 1, threads_per_worker=1,
-                               processes=True, dashboard_address=None)
+                               processes=True, dashboard_address=None,
+                               silence_logs=logging.CRITICAL)  # a worker whose heartbeat
+        # meets the closing scheduler logs a traceback; its tasks' errors reach the client
         client = Client(cluster)
     else:
         try:
