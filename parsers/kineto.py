@@ -160,6 +160,7 @@ _EVENTS = msgspec.json.Decoder(list[_Event])
 _TAGGED_EVENTS = msgspec.json.Decoder(list[_Tagged])
 BATCH_EVENTS = 4096  # events decoded at once: bounds the decoded structs a rank holds
 
+
 def _decode_doc(data: bytes) -> _Trace:
     """The whole document (see `_per_phase`)."""
     return _per_phase(data, _TAGGED_DECODER, _DECODER)
@@ -187,7 +188,8 @@ def _decode(raw: bytes, root: str) -> tuple[_Trace, Iterator[list], list[str]]:
         doc = None
     if doc is None or doc.traceEvents is None:
         trace, warnings = _decode_whole(raw, root)
-        return trace, iter([trace.traceEvents or []]), warnings
+        events, trace.traceEvents = trace.traceEvents or [], None  # held by the batch alone
+        return trace, iter([events]), warnings
     items, doc.traceEvents = doc.traceEvents, None
     return doc, _batches(items, raw, root), []
 
@@ -205,7 +207,6 @@ def _batches(items: list[msgspec.Raw], raw: bytes, root: str) -> Iterator[list]:
             _decode_whole(raw, root)  # raises, naming what is wrong where in the file
             raise TraceError(f"{root}: unreadable events") from None
         yield events
-
 
 
 _RECOVERY_TRIES = 8
@@ -408,6 +409,7 @@ class _Events:
             for i in np.flatnonzero(_args_read(cat, names, masks, ev)).tolist():
                 self.kept[self.n + i] = _detached(ev[i])
             self.n += len(ev)
+
         def joined(key: str, dtype: type) -> np.ndarray:
             return np.concatenate(parts[key]) if parts[key] else np.zeros(0, dtype)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
 from functools import cache
 
 HAND_BACK_BYTES = 64 << 20  # freed since the last hand-back that makes another worth its cost
@@ -43,8 +44,6 @@ def use_system_allocator() -> None:
     """Arrow allocates from the C library's malloc, unless ARROW_DEFAULT_MEMORY_POOL chooses:
     its default (mimalloc) keeps ~25 MB a parsed rank freed out of the system's reach, for no
     speed the analysis gains (same CPU on 8 Kineto ranks); glibc's heap `hand_back` returns."""
-    import os
-
     import pyarrow as pa
 
     if "ARROW_DEFAULT_MEMORY_POOL" not in os.environ:

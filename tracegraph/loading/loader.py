@@ -164,7 +164,6 @@ def _to_file(out: str, parse: Callable[..., ParsedRank], *args: object) -> Parse
     parsed.events = None  # type: ignore[assignment]  # the caller maps `out`
     hand_back(size * PARSE_TO_TABLE)  # what parsing the rank took, before the next one
     return parsed
-    return parsed
 
 
 class _Streamed:

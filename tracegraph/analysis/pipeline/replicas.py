@@ -7,12 +7,6 @@ from collections import Counter
 from dataclasses import dataclass
 
 
-def linked(trace) -> set[tuple[int, int]]:
-    """(rank, peer) of every P2P op (`Trace.p2p_links`: on a cluster, found where the ranks
-    lie)."""
-    return trace.p2p_links()
-
-
 @dataclass(frozen=True)
 class Replica:
     """One pipeline replica: its ranks, stage 0 first, and whether its last stage sends to its
@@ -32,7 +26,7 @@ def replicas(trace, ranks: list[int], pairs: set[tuple[int, int]] | None = None
             r = parent[r]
         return r
 
-    links = list(linked(trace) if pairs is None else pairs)
+    links = list(trace.p2p_links() if pairs is None else pairs)
     for members in trace.groups.loc[trace.groups["dim"] == "pp", "ranks"]:
         links += [(int(members[0]), int(m)) for m in members[1:]]
     for a, b in links:
@@ -47,7 +41,7 @@ def replicas(trace, ranks: list[int], pairs: set[tuple[int, int]] | None = None
 def layout(trace, ranks: list[int], order: dict[int, int] | None = None) -> list[Replica]:
     """The replicas of 2+ ranks among `ranks`, stages by `order` then rank (the usual layout
     numbers stages in rank order)."""
-    pairs = linked(trace)
+    pairs = trace.p2p_links()  # on a cluster, found where the ranks lie
     found = replicas(trace, ranks, pairs)
     grouped: dict[int, list[int]] = {}
     for r in sorted(found, key=lambda r: ((order or {}).get(r, 0), r)):
