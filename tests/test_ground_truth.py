@@ -17,6 +17,7 @@ from tests.conftest import SAMPLES
 from tests.ground_truth_eval import agreement
 from tracegraph import causes, schema
 from tracegraph.analysis.analyze import Analysis, analyze
+from tracegraph.analysis.summary import summarize
 from tracegraph.simulate import simulate
 from tracegraph.simulate.bundle_writer import write_bundle
 
@@ -76,6 +77,43 @@ def test_seed_wait_and_its_chain(fmt: str, tmp_path: Path) -> None:
         assert abs(charged.get(category, 0) / 1e6 - truth_ms) < 1.0, category
     assert 360 < charged[causes.DP_REDUCTION] / 1e6 < 380
     assert "members of group" in wait.root.note and "absent from the bundle" in wait.root.note
+
+
+@pytest.mark.parametrize("fmt", ["ascend", "kineto"])
+def test_seed_roots_are_the_causes_a_fix_would_remove(fmt: str, tmp_path: Path) -> None:
+    """Every simulated bubble of 100 ms or more has the truth's root: its rank and, for a late
+    unprofiled member, its group (rank 4096's 473 ms wait: the 32-rank group of 12288, 188 ms,
+    not the 128-rank group's earlier 49 ms). Each absent group holding 5 % of a bubble is in
+    its advice, largest first, with the ranks to profile; the truth's late member among them."""
+    analysis, truth = analysed(f"hsdp-straggler-sync-{fmt}", tmp_path)
+    anchor = min(r for r, o in analysis.offsets.items() if o == 0)
+    origin = int(truth["clock_offset_ns"][str(anchor)]) + int(truth["origin_ns"])
+    summary = {(b["rank"], round(b["start_ms"])): b
+               for b in summarize(analysis, top=0)["bubbles"]}
+    big = [b for b in truth["bubbles"] if b["dur_ms"] >= 100]
+    assert len(big) >= 6
+    for expected in big:
+        bubble = next(b for b in analysis.bubbles if b.rank == expected["rank"]  # Kineto's
+                      and abs((b.end - origin) / 1e6 - expected["end_ms"]) < 1.0)  # 1st starts late
+        root = expected["root"]
+        assert bubble.root.rank == root["rank"], (expected["start_ms"], bubble.causes())
+        members = analysis.trace.group_members()
+        assert (set(members.get(bubble.root.unprofiled_group, ()))
+                == set(truth["groups"][root["group"]]["ranks"] if "group" in root else ())), root
+        listed = bubble.listed_causes()
+        absent = [c for c in listed if c.group]
+        assert [c.ns for c in absent[1:]] == sorted((c.ns for c in absent[1:]), reverse=True)
+        told = summary[(bubble.rank, round((bubble.start - analysis.origin) / 1e6))]["causes"]
+        assert [c.get("absent_group", "") != "" for c in told] == [bool(c.group) for c in listed]
+        for cause, said in zip(listed, told, strict=True):
+            assert said["share"] == round(cause.share, 4) >= 0.05 or cause is listed[0]
+            if cause.group:
+                absent = set(members[cause.group]) - set(analysis.trace.rank_ids)
+                assert set(said["profile_ranks"]) == absent
+        if "member" in root:
+            assert root["member"] in told[0]["profile_ranks"]
+    wait = max((b for b in analysis.bubbles if b.rank == 4096), key=lambda b: b.dur)
+    assert [round(c.ns / 1e6) for c in wait.listed_causes() if c.group] == [188, 130, 49]
 
 
 def test_the_db_export_gives_the_seed_chain_of_the_text_export(tmp_path: Path) -> None:

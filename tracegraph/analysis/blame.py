@@ -22,7 +22,6 @@ from tracegraph.loading.groups import group_labels
 
 UNMATCHED = "its peers' matching op was not found: the member that arrived last is unknown"
 _UNPEERED = "unpeered"  # a point-to-point op naming no peer: no comm type of its own
-ROOT_SHARE = 0.01  # an interval shorter than this share of its bubble is never its root
 _HOST_NOTES = {walk.LAUNCHED_LATE: walk.LAUNCHED_LATE, walk.HOST_IDLE: walk.HOST_IDLE,
                walk.LAUNCHER: "", walk.STEP_TAIL: walk.STEP_TAIL}
 NOT_RECORDED = ("the rank's profile begins later (each rank enters the profiled steps on its "
@@ -83,30 +82,76 @@ class Bubble:
 
     @property
     def category(self) -> str:
-        """The category charged the most time."""
-        totals = self.by_category()
-        return max(totals, key=totals.get) if totals else causes.UNKNOWN
+        """The root cause's category (UNKNOWN with no decomposition)."""
+        found = self.causes()
+        return found[0].category if found else causes.UNKNOWN
+
+    def causes(self) -> list[BubbleCause]:
+        """The bubble's causes, the root first, then by time held: its intervals grouped by
+        origin (category, rank, and for absent late members their group)."""
+        return grouped_causes(self.intervals, self.dur)
+
+    def listed_causes(self) -> list[BubbleCause]:
+        """The root and every other cause holding at least LISTED_SHARE of the bubble."""
+        return [c for k, c in enumerate(self.causes())
+                if k == 0 or c.ns >= causes.LISTED_SHARE * self.dur]
 
     @property
     def root(self) -> Interval | None:
-        """The origin of the chain: the earliest interval of the dominant category (the walk
-        runs back in time, so the deepest cause), among those of at least ROOT_SHARE of the
-        bubble (a sliver does not make an origin)."""
-        pieces = [p for p in self.intervals if p.category == self.category]
-        weighty = [p for p in pieces if p.dur >= ROOT_SHARE * self.dur] or pieces
-        return min(weighty, key=lambda p: p.start) if weighty else None
+        """The root cause's longest interval (its rank, lane, op and note): what a fix would
+        remove, see `causes.root_of`."""
+        found = self.causes()
+        return found[0].longest if found else None
 
     def chain(self) -> list[int]:
         """Ranks in causal order: this rank, then each rank the explanation reached walking
-        back in time, up to the root's rank."""
+        back in time, as far as the earliest listed cause (the root's among them; a sliver
+        further back is no link)."""
+        listed = self.listed_causes()
+        back_to = min((c.start for c in listed), default=self.start)
         ranks = [self.rank]
-        root = self.root
         for piece in sorted(self.intervals, key=lambda p: -p.start):
-            if root is not None and ranks[-1] == root.rank and piece.start < root.start:
-                break
-            if piece.rank != ranks[-1] and piece.rank not in ranks:
+            if piece.start >= back_to and piece.rank not in ranks:
                 ranks.append(piece.rank)
         return ranks
+
+
+@dataclass
+class BubbleCause:
+    """One origin of a bubble's time: the intervals charged to one category on one rank (for a
+    wait on absent members, in one group), with their total and share of the bubble."""
+
+    category: str
+    rank: int
+    group: str  # the group whose absent members it waits on, or ""
+    ns: int
+    share: float  # of the bubble
+    start: int  # when its first piece began
+    longest: Interval  # its longest piece: lane, op, note
+
+    @property
+    def lane(self) -> str:
+        return self.longest.lane
+
+    @property
+    def name(self) -> str:
+        return self.longest.name
+
+
+def grouped_causes(intervals: list[Interval], bubble_ns: int) -> list[BubbleCause]:
+    """`intervals` grouped by origin, the root (`causes.root_of`) first, the rest by time."""
+    groups: dict[tuple[str, int, str], list[Interval]] = {}
+    for piece in intervals:
+        groups.setdefault((piece.category, piece.rank, piece.unprofiled_group), []).append(piece)
+    found = [BubbleCause(category, rank, group, ns, ns / bubble_ns if bubble_ns else 0.0,
+                         min(p.start for p in pieces), max(pieces, key=lambda p: p.dur))
+             for (category, rank, group), pieces in groups.items()
+             for ns in [sum(p.dur for p in pieces)]]
+    found.sort(key=lambda c: (-c.ns, c.start))
+    root = causes.root_of([(c.ns, c.start) for c in found], bubble_ns)
+    if root > 0:
+        found.insert(0, found.pop(root))
+    return found
 
 
 class Blamer:
