@@ -187,3 +187,32 @@ def test_root_of_ties_go_upstream() -> None:
     assert causes.root_of([(100, 50), (99, 10)], 1_000) == 1  # 0.1 % apart: upstream wins
     assert causes.root_of([(100, 50), (80, 10)], 1_000) == 0  # 2 % apart: the largest
     assert causes.root_of([], 1_000) == -1
+
+
+def test_waiting_for_a_tensor_parallel_peer_is_the_tp_collective() -> None:
+    """TP2 inside a PP2 job: rank 0 waits 3.6 ms in the TP all-reduce for rank 1, whose layer
+    ran 10 % longer (within the ranks' variation: no straggler). The wait is the TP
+    collective's, its late member (rank 1) the root, not the pipeline's fill; rank 2, the next
+    stage, waiting on rank 0's send, waits on rank 0's compute (the pipeline's) and then on
+    the TP collective."""
+    b = builder()
+    b.group("tp", (0, 1), dim="tp", name="tp-0-1")
+    b.group("pp", (0, 2), dim="pp", name="pp-0-2")
+    r0, r1, r2 = b.stream(0, 7), b.stream(1, 7), b.stream(2, 7)
+    for lane in (r0, r1, r2):
+        lane.step(1, 0, 120)
+    r0.compute(0, 36.4, "Attention")
+    r0.collective(36.4, 41, group="tp", seq=0, name="allreduce_tp")
+    r0.send(41, 42, peer=2, group="pp", seq=0)
+    r1.compute(0, 40, "Attention")
+    r1.collective(40, 41, group="tp", seq=0, name="allreduce_tp")
+    r2.compute(0, 5, "Embedding")
+    r2.recv(5, 42, peer=0, group="pp", seq=0)
+    r2.compute(42, 120, "Attention")
+    analysis = analyze(b.trace("tp"))
+    tp_wait = next(x for x in analysis.bubbles if x.rank == 0 and x.name == "allreduce_tp")
+    assert tp_wait.category == causes.TP_COLLECTIVE and tp_wait.root.rank == 1
+    assert tp_wait.by_category()[causes.TP_COLLECTIVE] > 0.95 * tp_wait.dur
+    recv = next(x for x in analysis.bubbles if x.rank == 2)
+    assert recv.by_category().get(causes.PIPELINE_FILL, 0) >= 31 * MS  # rank 0's compute
+    assert recv.by_category().get(causes.TP_COLLECTIVE, 0) >= 3.5 * MS  # then its TP wait

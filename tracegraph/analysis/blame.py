@@ -24,6 +24,7 @@ UNMATCHED = "its peers' matching op was not found: the member that arrived last 
 _UNPEERED = "unpeered"  # a point-to-point op naming no peer: no comm type of its own
 _HOST_NOTES = {walk.LAUNCHED_LATE: walk.LAUNCHED_LATE, walk.HOST_IDLE: walk.HOST_IDLE,
                walk.LAUNCHER: "", walk.STEP_TAIL: walk.STEP_TAIL}
+_LOCKSTEP = (causes.TP_COLLECTIVE, causes.CP_COLLECTIVE)
 NOT_RECORDED = ("the rank's profile begins later (each rank enters the profiled steps on its "
                 "own): what it did then is not in the bundle")
 
@@ -199,7 +200,8 @@ class Blamer:
             return str(self.comm_category[op])
         if self.slow_op[op]:
             return causes.COMPUTE_STRAGGLER
-        return own_or(self.idle_compute, int(self.graph.rank[op]), rank)
+        category = own_or(self.idle_compute, int(self.graph.rank[op]), rank)
+        return through(category, str(self.comm_category[piece.via]) if piece.via >= 0 else "")
 
     def _interval(self, piece: Piece, rank: int | None = None) -> Interval:
         graph, op = self.graph, piece.op
@@ -224,6 +226,15 @@ def own_or(category: str, op_rank: int, rank: int | None) -> str:
     is the rank's own is its own."""
     return causes.OWN_COMPUTE if category == causes.PEER_COMPUTE and op_rank == rank \
         else category
+
+
+def through(category: str, via: str) -> str:
+    """A peer's compute charged `category`, reached through a comm op charged `via`: in a
+    tensor- or context-parallel group the ranks run in lockstep, so waiting for a member's
+    compute is that group's collective waiting for its late member, never the pipeline's."""
+    if via in _LOCKSTEP and category in (causes.PIPELINE_FILL, causes.PEER_COMPUTE):
+        return via
+    return category
 
 
 def merged(pieces: list[Interval]) -> list[Interval]:

@@ -47,6 +47,7 @@ LAUNCHER = "waiting for the host op that launched it"
 STEP_TAIL = "step marker runs past the rank's last op"  # only at the end of a critical path
 NOT_RECORDED = "before the rank's profile begins: not recorded"
 _BLOCKING = (schema.WAIT, schema.COLLECTIVE, schema.P2P)
+_ACROSS_RANKS = ("p2p", "collective")  # dependencies matched on another rank
 UNMATCHED_CONFIDENCE = 0.3  # a comm op whose peers' op was not found: who was late is unknown
 
 
@@ -58,6 +59,9 @@ class Piece:
     start: int
     end: int
     why: str
+    via: int = -1
+    """the comm op whose cross-rank dependency the walk last followed to reach it (a P2P half,
+    a collective member of the rank that waited), -1 on the explained lane's own rank"""
 
     @property
     def dur(self) -> int:
@@ -138,7 +142,12 @@ class BindingWalk:
                 self._link(self.graph.dep_confidence[i], self.graph.dep_reason[i])
                 cut = min(b, release)
                 first_new = len(out)
+                crosses = self.graph.how[i] in _ACROSS_RANKS
+                if crosses:
+                    self._enter(out, i)
                 self._released(i, d, a, cut, depth + 1, out)
+                if crosses:
+                    self._leave(out, first_new, i)
                 if self.kind[i] == schema.WAIT and len(out) > first_new and cut < b:
                     self._wake(out, first_new, b)
                 else:
@@ -343,6 +352,16 @@ class BindingWalk:
         if self.end[r] < b:
             self._wake(out, first_new, b)
 
+    def _enter(self, out: list[Piece], i: int) -> None:
+        """The walk follows comm op i's dependency onto another rank (see `_leave`)."""
+
+    def _leave(self, out: list[Piece], first_new: int, i: int) -> None:
+        """Back from following op i's dependency: the pieces found since `first_new` that no
+        deeper crossing reached were reached through i."""
+        for piece in out[first_new:]:
+            if piece.via < 0:
+                piece.via = i
+
     def _wake(self, out: list[Piece], first_new: int, b: int) -> None:
         """The lane was released a little after what it waited for ended: `wake_up`."""
         wake_up(out, first_new, b)
@@ -391,9 +410,9 @@ def fold_slivers(pieces: list[Piece]) -> list[Piece]:
     for piece in sorted(pieces, key=lambda p: p.start):
         if piece.dur < MIN_PIECE_NS and kept and piece.start - kept[-1].end <= MIN_PIECE_NS:
             kept[-1] = Piece(kept[-1].op, kept[-1].start, max(kept[-1].end, piece.end),
-                             kept[-1].why)
+                             kept[-1].why, kept[-1].via)
         else:
             kept.append(piece)
     if len(kept) > 1 and kept[0].dur < MIN_PIECE_NS:
-        kept[:2] = [Piece(kept[1].op, kept[0].start, kept[1].end, kept[1].why)]
+        kept[:2] = [Piece(kept[1].op, kept[0].start, kept[1].end, kept[1].why, kept[1].via)]
     return kept
