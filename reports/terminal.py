@@ -171,6 +171,9 @@ def _origin(cause: dict[str, object]) -> str:
     """Where a cause comes from: a late member of a group absent from the bundle (reached
     through a rank's op), else a rank, lane and op."""
     where = f"rank {cause['rank']} {cause['lane']}  {cause['name'][:60]}"
+    absent = cause.get("profile_ranks") or []
+    if cause.get("absent_group") and len(absent) == 1:
+        return f"rank {absent[0]}, absent (group {cause['absent_group']}), via {where}"
     if cause.get("absent_group"):
         return f"a late member of group {cause['absent_group']} (absent), via {where}"
     return where

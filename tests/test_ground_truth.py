@@ -8,6 +8,8 @@ only the profiler files. The seed numbers are those of mindspore/hyper-parallel#
 from __future__ import annotations
 
 import json
+import shutil
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -114,6 +116,27 @@ def test_seed_roots_are_the_causes_a_fix_would_remove(fmt: str, tmp_path: Path) 
             assert root["member"] in told[0]["profile_ranks"]
     wait = max((b for b in analysis.bubbles if b.rank == 4096), key=lambda b: b.dur)
     assert [round(c.ns / 1e6) for c in wait.listed_causes() if c.group] == [188, 130, 49]
+
+
+def test_a_pipeline_peer_absent_from_the_bundle_is_said_never_a_transfer(tmp_path: Path) -> None:
+    """The seed bundle without rank 8192: rank 0's 498 ms wait reaches rank 4096's
+    batchSendRecv with 8192, whose half is not in the bundle. The time is the absent peer's
+    (posted late, or the transfer: the profile cannot tell), with low confidence and 8192 to
+    profile, never a slow link of 4096's."""
+    with tarfile.open(SIMULATED / "hsdp-straggler-sync-ascend.tar.gz") as archive:
+        archive.extractall(tmp_path, filter="data")
+    bundle = tmp_path / "hsdp-straggler-sync-ascend"
+    (gone,) = [p for p in bundle.iterdir() if (p / "profiler_info_8192.json").exists()]
+    shutil.rmtree(gone)
+    analysis = analyze(tracegraph.load(bundle, cache_dir=tmp_path / "cache"))
+    wait = max((b for b in analysis.bubbles if b.rank == 0), key=lambda b: b.dur)
+    assert abs(wait.dur / 1e6 - 498.5) < 1.0 and wait.sureness == "low"
+    assert "peer 8192 absent from the bundle" in wait.evidence
+    p2p = [p for p in wait.intervals if p.category == causes.PP_P2P and p.dur > 100e6]
+    assert p2p and all("peer 8192 absent from the bundle" in p.note for p in p2p)
+    said = next(b for b in summarize(analysis, top=0)["bubbles"]
+                if b["rank"] == 0 and abs(b["dur_ms"] - wait.dur / 1e6) < 1e-3)
+    assert said["causes"][0]["profile_ranks"] == [8192] == said["root"]["profile_ranks"]
 
 
 def test_the_db_export_gives_the_seed_chain_of_the_text_export(tmp_path: Path) -> None:

@@ -210,6 +210,10 @@ class Blamer:
             note = NOT_RECORDED
         elif piece.why == walk.RAN:
             note = ""
+        elif piece.why == walk.WAITING and graph.unprofiled[op] and graph.kind[op] == schema.P2P:
+            group = str(graph.group[op])
+            note = (f"peer {graph.peer[op]} absent from the bundle: it posted its half late, or "
+                    "the transfer itself")
         elif piece.why == walk.WAITING and graph.unprofiled[op]:
             group = str(graph.group[op])
             note = (f"waits on the {graph.unprofiled[op]} members of group "

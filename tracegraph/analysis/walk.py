@@ -49,6 +49,7 @@ NOT_RECORDED = "before the rank's profile begins: not recorded"
 _BLOCKING = (schema.WAIT, schema.COLLECTIVE, schema.P2P)
 _ACROSS_RANKS = ("p2p", "collective")  # dependencies matched on another rank
 UNMATCHED_CONFIDENCE = 0.3  # a comm op whose peers' op was not found: who was late is unknown
+ABSENT_PEER_CONFIDENCE = 0.5  # a P2P half whose peer is absent: a late post or the transfer
 
 
 @dataclass
@@ -374,7 +375,11 @@ class BindingWalk:
         if self.kind[i] == schema.WAIT:
             _add(out, i, a, b, NO_RECORD)
         elif self.graph.unprofiled[i]:  # after the last profiled member: absent ones, or the
-            _add(out, i, a, b, WAITING)  # transfer itself; the profile cannot tell which
+            if self.kind[i] == schema.P2P:  # transfer itself; the profile cannot tell which
+                self._link(ABSENT_PEER_CONFIDENCE,
+                           f"peer {self.graph.peer[i]} absent from the bundle: when it posted "
+                           "its half is unknown")
+            _add(out, i, a, b, WAITING)
         elif self.graph.dep[i] < 0 and self.graph.unmatched[i]:
             self._link(UNMATCHED_CONFIDENCE, "a peer's matching op was not found")
             _add(out, i, a, b, WAITING)

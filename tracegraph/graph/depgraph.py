@@ -68,7 +68,7 @@ class DepGraph:
     gates: dict[int, list[int]]  # op -> the stream waits gating it
     host_gate: np.ndarray  # per op: what a host stream-wait call made its stream wait for, -1
     launch: np.ndarray  # when the host enqueued each device op (aligned ns), -1 if unknown
-    unprofiled: np.ndarray  # per collective op: members of its group absent from the bundle
+    unprofiled: np.ndarray  # per comm op: members of its group (a P2P: its peer) absent
     unmatched: np.ndarray  # per comm op: a profiled peer's matching op was not found
     posted: np.ndarray  # when each op was posted (a gloo P2P record: when its host call began)
     warnings: list[str] = field(default_factory=list)
@@ -83,6 +83,7 @@ class DepGraph:
         self.lane = frame["lane"].to_numpy()
         self.name = frame["name"].to_numpy()
         self.group = frame["group"].to_numpy()
+        self.peer = frame["peer"].to_numpy()
         self.lane_id = frame["lane_id"].to_numpy()
         self.mode = self.ops.lanes["mode"].to_numpy()[self.lane_id]
         self.host_side = host_side_waits(frame)
@@ -403,7 +404,8 @@ def _device_prev(prev: np.ndarray, host_side: np.ndarray) -> np.ndarray:
 def missing_peers(frame: pd.DataFrame, matches: Matches, groups: pd.DataFrame | None,
                   present: set[int]) -> tuple[np.ndarray, np.ndarray]:
     """Per op: how many members of its collective's group are absent from the bundle (of its
-    stated size, when the profile states more members than it names), and whether a peer in
+    stated size, when the profile states more members than it names; a P2P half's peer, 1),
+    and whether a peer in
     the bundle has no op matched with it (its instance lacks a present member, or a P2P half
     has no partner): then who arrived last is unknown."""
     n = len(frame)
@@ -418,7 +420,10 @@ def missing_peers(frame: pd.DataFrame, matches: Matches, groups: pd.DataFrame | 
         unprofiled[ops] = max(size, len(ranks)) - profiled
         unmatched[ops] = len(ops) < profiled
     p2p = (frame["kind"].to_numpy() == schema.P2P) & (matches.how != "p2p")
-    unmatched[p2p & np.isin(frame["peer"].to_numpy(), list(present))] = True
+    peer = frame["peer"].to_numpy()
+    here = np.isin(peer, list(present))
+    unmatched[p2p & here] = True
+    unprofiled[p2p & ~here & (peer >= 0)] = 1  # its peer, absent: posted late, or on time
     return unprofiled, unmatched
 
 
