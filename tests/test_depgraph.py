@@ -239,6 +239,32 @@ def test_a_gloo_exchange_is_posted_once_for_both_halves() -> None:
     assert spans[-1][1] == 5 * MS
 
 
+def test_a_batched_exchange_waits_for_the_half_whose_peer_posted_last() -> None:
+    """batch_isend_irecv with two peers on gloo (a ring: rank 1 sends to 2, receives from 0).
+    Rank 0 posts its send to 1 at once; rank 2 computes 80 ms before posting its receive from 1.
+    Rank 1's batch is held by its send, whose peer posted last, although its `gloo:recv` record
+    (ending when rank 1 waits on it, after the send) spans the wait: the bubble is rank 2's
+    compute, never rank 1's own transfer."""
+    b = TraceBuilder(unit=MS)
+    b.group("ring", (0, 1, 2))
+    t0, t1, t2 = (b.thread(r, 100 + r, "python") for r in range(3))
+    t0.host(0, 0.1, "c10d::send", comm="send", peer=1, group="ring")
+    t0.send(0.1, 0.3, peer=1, group="ring", name="gloo:send")
+    t1.host(0, 0.1, "c10d::send", comm="send", peer=2, group="ring")
+    t1.send(0.1, 0.2, peer=2, group="ring", name="gloo:send")
+    t1.host(0.2, 0.3, "c10d::recv_", comm="recv", peer=0, group="ring")
+    held = t1.recv(0.3, 81, peer=0, group="ring", name="gloo:recv")
+    t2.compute(0, 80, "attention")
+    t2.host(80, 80.1, "c10d::recv_", comm="recv", peer=1, group="ring")
+    t2.recv(80.1, 80.5, peer=1, group="ring", name="gloo:recv")
+    analysis = analyze(b.trace())
+    assert not analysis.graph.cycles()
+    bubble = next(x for x in analysis.bubbles if x.rank == 1 and x.dur > 50 * MS)
+    assert bubble.root.rank == 2 and bubble.root.name == "attention"
+    assert bubble.chain() == [1, 2] and bubble.op == op_index(analysis.ops, held)
+    assert sum(p.dur for p in bubble.intervals if p.rank == 2) >= 79 * MS
+
+
 def test_a_collective_kernel_without_a_comm_type_is_still_a_collective() -> None:
     """A collective kernel whose profile names no comm type (RCCL kernels on MI300X, say) and
     no known group is charged to `collective`, never to nothing."""

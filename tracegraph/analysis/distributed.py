@@ -80,6 +80,7 @@ from tracegraph.graph.depgraph import (
     assemble,
     build_graph,
     direct,
+    exchanges,
     missing_peers,
     posted_times,
 )
@@ -251,7 +252,9 @@ class _Parts:
         shift = comm["rank"].map(offsets).fillna(0).astype("int64").to_numpy()
         start = comm["start"].to_numpy() - shift
         dep, how = matches.dep.copy(), matches.how.copy()
-        direct(dep, how, start, comm["posted"].to_numpy() - shift, matches.instances)
+        exchange = comm["exchange"].to_numpy()
+        exchange = np.where(exchange >= 0, exchange + comm["op"].to_numpy() - comm["local"], -1)
+        direct(dep, how, start, comm["posted"].to_numpy() - shift, matches.instances, exchange)
         unprofiled, unmatched = missing_peers(comm, matches, trace.groups, set(ranks))
         sampled = bool(len(matches.instances)) and not matches.instances["safe"].all()
         ops = comm["op"].to_numpy()
@@ -550,9 +553,10 @@ def _build(held: list) -> _Part:
 def _facts(part: _Part) -> _Facts:
     frame = part.ops.frame
     comm = np.flatnonzero(frame["kind"].isin(COMM_KINDS).to_numpy())
-    posted = posted_times(part.ops, part.ops.start)[comm]  # on the rank's clock, as `start`
-    table = frame.iloc[comm][_COMM_COLUMNS].reset_index(drop=True).assign(local=comm,
-                                                                          posted=posted)
+    exchange = exchanges(part.ops)
+    posted = posted_times(part.ops, part.ops.start, exchange)[comm]  # the rank's clock
+    table = frame.iloc[comm][_COMM_COLUMNS].reset_index(drop=True).assign(
+        local=comm, posted=posted, exchange=exchange[comm])  # local op ids: global once placed
     for column in ("kind", "comm", "group", "lane"):
         table[column] = table[column].astype(object)
     return _Facts(len(frame), len(part.ops.lanes), len(part.events),

@@ -233,16 +233,20 @@ def build_graph(ops: Ops, matches: Matches, start: np.ndarray, end: np.ndarray,
     present = set(np.unique(ops.frame["rank"].to_numpy()).tolist())
     unprofiled, unmatched = missing_peers(ops.frame, matches, groups, present)
     dep, how = matches.dep.copy(), matches.how.copy()
-    direct(dep, how, start, posted_times(ops, start), matches.instances)
+    exchange = exchanges(ops)
+    direct(dep, how, start, posted_times(ops, start, exchange), matches.instances, exchange)
     sampled = bool(len(matches.instances)) and not matches.instances["safe"].all()
     return assemble(ops, matches, start, end, (dep, how, unprofiled, unmatched), sampled)
 
 
 def direct(dep: np.ndarray, how: np.ndarray, start: np.ndarray, posted: np.ndarray,
-           instances: pd.DataFrame) -> None:
+           instances: pd.DataFrame, exchange: np.ndarray) -> None:
     """Direct the matched pairs and instances (in place): the half posted last of a transfer
-    (`posted_times`), the member of an instance that arrived last, releases the others."""
+    (`posted_times`), the member of an instance that arrived last, releases the others; the
+    halves of a batched exchange (`exchange`, per op) wait for the peer that posted last."""
+    partner = np.where(how == "p2p", dep, -1)
     _direct_pairs(dep, how, posted)
+    _bind_batches(dep, how, posted, partner, exchange)
     _direct_instances(dep, how, start, instances)
 
 
@@ -306,12 +310,11 @@ def host_side_waits(frame: pd.DataFrame) -> np.ndarray:
     return (frame["kind"].to_numpy() == schema.WAIT) & (frame["wait_on_stream"].to_numpy() >= 0)
 
 
-def posted_times(ops: Ops, start: np.ndarray) -> np.ndarray:
-    """When each op was posted. On a host thread, the P2P calls and records that follow each
-    other with no other op between (a send, or a batch exchange: `c10d::send`, `gloo:send`,
-    `c10d::recv_`, `gloo:recv`) were posted together when the first call began: gloo's
-    `gloo:recv` starts when `c10d::recv_` returns, and that call may block. Every other op when
-    it starts."""
+def exchanges(ops: Ops) -> np.ndarray:
+    """Per op, the first op of the exchange it is part of (-1 outside one): on a host thread,
+    the P2P calls and records that follow each other with no other op between (a send, or a
+    batch: `c10d::send`, `gloo:send`, `c10d::recv_`, `gloo:recv`) were posted together, when
+    the first call began."""
     frame = ops.frame
     kind, comm = frame["kind"].to_numpy(), frame["comm"].to_numpy()
     thread = ops.lanes["mode"].to_numpy()[frame["lane_id"].to_numpy()] == schema.THREAD
@@ -321,9 +324,40 @@ def posted_times(ops: Ops, start: np.ndarray) -> np.ndarray:
     joined = part & (prev >= 0) & part[np.maximum(prev, 0)]  # continues the run before it
     run = np.cumsum(~joined)  # ops are sorted by lane and time: a run is consecutive
     first = np.flatnonzero(~joined)
+    out = np.full(len(frame), -1, dtype=np.int64)
+    out[part] = first[run[part] - 1]
+    return out
+
+
+def posted_times(ops: Ops, start: np.ndarray, exchange: np.ndarray | None = None
+                 ) -> np.ndarray:
+    """When each op was posted: an exchange's (`exchanges`) when its first call began (gloo's
+    `gloo:recv` starts when `c10d::recv_` returns, and that call may block), every other op
+    when it starts."""
+    exchange = exchanges(ops) if exchange is None else exchange
     posted = start.copy()
-    posted[part] = start[first[run[part] - 1]]
+    inside = exchange >= 0
+    posted[inside] = start[exchange[inside]]
     return posted
+
+
+def _bind_batches(dep: np.ndarray, how: np.ndarray, posted: np.ndarray, partner: np.ndarray,
+                  exchange: np.ndarray) -> None:
+    """The halves of one batched exchange (`batch_isend_irecv`) complete together: each waits
+    for the half whose peer posted last, when that peer posted after the batch."""
+    halves = np.flatnonzero((partner >= 0) & (exchange >= 0))
+    if not len(halves):
+        return
+    table = pd.DataFrame({"half": halves, "exchange": exchange[halves],
+                          "partner": partner[halves], "late": posted[partner[halves]]})
+    table = table[table.groupby("exchange")["half"].transform("size") > 1]
+    if not len(table):
+        return
+    binding = table.loc[table.groupby("exchange")["late"].idxmax(), ["exchange", "partner"]]
+    table = table.merge(binding, on="exchange", suffixes=("", "_binding"))
+    held = table[posted[table["partner_binding"].to_numpy()] > posted[table["half"].to_numpy()]]
+    dep[held["half"].to_numpy()] = held["partner_binding"].to_numpy()
+    how[held["half"].to_numpy()] = "p2p"
 
 
 def _direct_pairs(dep: np.ndarray, how: np.ndarray, start: np.ndarray) -> None:
