@@ -279,3 +279,32 @@ def test_a_collective_kernel_without_a_comm_type_is_still_a_collective() -> None
     (bubble,) = [x for x in analysis.bubbles if x.rank == 0]
     charged = bubble.by_category()  # rank 1's compute, then the transfer after it arrived
     assert charged.get(causes.COLLECTIVE) == 10 * MS and "" not in charged
+
+
+def test_a_wait_on_reductions_launched_long_before_is_a_bubble() -> None:
+    """Overlapped gradient reduction (DDP buckets, Megatron overlap_grad_reduce): two
+    all-reduces launched during the backward run one after the other on the gloo thread, the
+    first waiting 170 ms for the DP peer absent from the bundle, the second (more bytes) 20 ms;
+    the main thread then blocks in `wait()` inside `OPT step` until both are done. The stretch
+    is a bubble of the DP reduction's late absent member, whether or not an annotation encloses
+    it, never the rank's own work."""
+    for annotated in (True, False):
+        b = TraceBuilder(unit=MS)
+        b.group("dp", (0, 1), dim="dp", name="dp-0-1")
+        main, loop = b.thread(0, 100, "python"), b.comm_lane(0, "thread 300 pt_gloo_runloop")
+        main.step(1, 0, 230)
+        main.compute(0, 8, "backward chunk 1")
+        main.host(8, 8.5, "c10d::allreduce_", comm="allreduce", group="dp")
+        loop.collective(9, 180, group="dp", name="gloo:all_reduce")
+        main.compute(8.5, 9.5, "backward chunk 0")
+        main.host(9.5, 10, "c10d::allreduce_", comm="allreduce", group="dp")
+        loop.collective(180, 200, group="dp", name="gloo:all_reduce")
+        if annotated:
+            main.marker(10, 201, "OPT step")
+        main.compute(201, 230, "optimizer")
+        analysis = analyze(b.trace())
+        bubble = max((x for x in analysis.bubbles if x.rank == 0), key=lambda x: x.dur)
+        assert bubble.start <= 10.5 * MS and bubble.end >= 200 * MS, annotated
+        assert bubble.category == causes.DP_REDUCTION, (annotated, bubble.intervals)
+        assert bubble.by_category()[causes.DP_REDUCTION] >= 189 * MS
+        assert bubble.root.unprofiled_group == "dp"

@@ -147,12 +147,17 @@ class DepGraph:
 
     # --- edges inferred by time, recorded as found ---------------------------------------------
     def host_release(self, n: int, lo: int, hi: int) -> int:
-        """The comm op on another thread of n's rank that ended last within 2 ms (3 % of a long
+        """The comm op on another thread of n's rank that ended last within 5 ms (3 % of a long
         stretch) before `hi` (or 20 µs after: host clocks), after `lo`, and ran through most of
-        [lo, hi]: what n's idle thread waited for, or -1."""
+        [lo, hi] — else whose thread did, one op after another (a queue of reductions launched
+        earlier, the last one short): what n's idle thread waited for, or -1."""
         window = max(RELEASE_WINDOW_NS, int(RELEASE_SHARE * (hi - lo)))
-        return self._releaser(n, lo, hi, window, self._comm_ends, lane_busy=False,
-                              late_ns=HOST_CLOCK_SLACK_NS)
+        found = self._releaser(n, lo, hi, window, self._comm_ends, lane_busy=False,
+                               late_ns=HOST_CLOCK_SLACK_NS)
+        if found < 0:
+            found = self._releaser(n, lo, hi, window, self._comm_ends, lane_busy=True,
+                                   late_ns=HOST_CLOCK_SLACK_NS)
+        return found
 
     def shared_queue(self, n: int, lo: int, hi: int) -> int:
         """The device op on another stream of n's rank that ended last < 50 µs before `hi`, that
