@@ -42,6 +42,7 @@ class Interval:
     note: str = ""
     unprofiled_group: str = ""  # a group with members absent from the bundle it waits on
     op: int = -1  # the op (node of the DepGraph) the piece is charged to
+    path: tuple[int, ...] = ()  # the ranks the walk crossed to reach it, ending with its own
 
     @property
     def dur(self) -> int:
@@ -105,9 +106,17 @@ class Bubble:
         return found[0].longest if found else None
 
     def chain(self) -> list[int]:
-        """Ranks in causal order: this rank, then each rank the explanation reached walking
-        back in time, as far as the earliest listed cause (the root's among them; a sliver
-        further back is no link)."""
+        """Ranks in causal order, from this rank to the root's: those the walk crossed to
+        reach the root's longest piece, else (intervals that do not say) each rank the
+        explanation reached walking back in time, as far as the earliest listed cause (a
+        sliver further back is no link)."""
+        root = self.root
+        if root is not None and root.path:
+            ranks = [self.rank]
+            for rank in root.path:
+                if rank != ranks[-1]:
+                    ranks.append(rank)
+            return ranks
         listed = self.listed_causes()
         back_to = min((c.start for c in listed), default=self.start)
         ranks = [self.rank]
@@ -222,7 +231,8 @@ class Blamer:
         elif piece.why == walk.WAITING:
             note = UNMATCHED
         return Interval(piece.start, piece.end, self.category(piece, rank), int(graph.rank[op]),
-                        str(graph.lane[op]), str(graph.name[op]), note, group, op)
+                        str(graph.lane[op]), str(graph.name[op]), note, group, op,
+                        (*(int(graph.rank[h]) for h in piece.hops), int(graph.rank[op])))
 
 
 def own_or(category: str, op_rank: int, rank: int | None) -> str:
@@ -251,7 +261,8 @@ def merged(pieces: list[Interval]) -> list[Interval]:
                 and last.lane == piece.lane and piece.start - last.end <= 1_000
                 and last.unprofiled_group == piece.unprofiled_group):
             if piece.dur > last.dur:
-                last.name, last.note, last.op = piece.name, piece.note, piece.op
+                last.name, last.note, last.op, last.path = (piece.name, piece.note, piece.op,
+                                                             piece.path)
                 last.unprofiled_group = piece.unprofiled_group
             last.end = max(last.end, piece.end)
         else:

@@ -413,11 +413,11 @@ class _Parts:
                 "slow_op": slow_op}
 
 
-def _walk(items: list, done: dict[tuple, list], vias: dict[int, str] | None = None
+def _walk(items: list, done: dict[tuple, list], vias: dict[int, tuple[str, int]] | None = None
           ) -> tuple[list[Piece], tuple[float, str]]:
     """A walk's items with its reaches resolved: its pieces sorted by start, as the local walk
     returns them, and its weakest link (BindingWalk._link: the first least sure one). Into
-    `vias`: the category of each comm op a piece was reached through."""
+    `vias`: the category and rank of each comm op a piece was reached through."""
     pieces, links = _expanded(items, done, [], {} if vias is None else vias)
     weakest = (1.0, "")
     for confidence, reason in links:
@@ -426,12 +426,11 @@ def _walk(items: list, done: dict[tuple, list], vias: dict[int, str] | None = No
     return sorted(pieces, key=lambda p: p.start), weakest
 
 
-def _expanded(items: list, done: dict[tuple, list], open_vias: list[int],
-              vias: dict[int, str]) -> tuple[list[Piece], list[tuple]]:
+def _expanded(items: list, done: dict[tuple, list], hops: list[int],
+              vias: dict[int, tuple[str, int]]) -> tuple[list[Piece], list[tuple]]:
     """A part's walk items as the local walk would have left them: pieces in walk order (each
     reach replaced by the walk it stood for, each wake-up applied where it happened, each
-    reached through the innermost crossing open then, `open_vias`) and the links followed, in
-    order."""
+    reached through the crossings open then, `hops`) and the links followed, in order."""
     pieces: list[Piece] = []
     links: list[tuple] = []
     at: list[int] = []  # where in `pieces` each item began
@@ -439,19 +438,19 @@ def _expanded(items: list, done: dict[tuple, list], open_vias: list[int],
         at.append(len(pieces))
         kind = item[0]
         if kind == "p":
-            pieces.append(Piece(*item[1:], via=open_vias[-1] if open_vias else -1))
+            pieces.append(Piece(*item[1:], hops=tuple(hops)))
         elif kind == "v":
-            open_vias.append(item[1])
-            vias[item[1]] = item[2]
+            hops.append(item[1])
+            vias[item[1]] = item[2:]
         elif kind == "e":
-            open_vias.pop()
+            hops.pop()
         elif kind == "l":
             links.append(item[1:])
         elif kind == "w":
             first_new, b = item[1:]
             wake_up(pieces, at[first_new] if first_new < len(at) else len(pieces), b)
         else:
-            more, more_links = _expanded(done[item[1:]], done, open_vias, vias)
+            more, more_links = _expanded(done[item[1:]], done, hops, vias)
             pieces += more
             links += more_links
     return pieces, links
@@ -667,12 +666,14 @@ def _own(piece: Interval | PathSegment, rank: int | None) -> Interval | PathSegm
     return piece
 
 
-def _through(piece: Interval | PathSegment, walked: Piece, vias: dict[int, str]
+def _through(piece: Interval | PathSegment, walked: Piece, vias: dict[int, tuple[str, int]]
              ) -> Interval | PathSegment:
     """A piece labelled on its part, charged as `Blamer.category` does for the crossing it was
-    reached through (`blame.through`)."""
+    reached through (`blame.through`), an interval with the ranks it was reached through."""
     if walked.via >= 0:
-        piece.category = through(piece.category, vias[walked.via])
+        piece.category = through(piece.category, vias[walked.via][0])
+    if isinstance(piece, Interval):
+        piece.path = (*(vias[h][1] for h in walked.hops), piece.rank)
     return piece
 
 
@@ -682,7 +683,7 @@ def _charged(batch: Batch, reached: list[Batch], sampled: bool, incomplete: dict
     done, labels = _resolved(batch, reached)
     bubbles = []
     for bubble, items in batch[0]:
-        vias: dict[int, str] = {}
+        vias: dict[int, tuple[str, int]] = {}
         pieces, weakest = _walk(items, done, vias)
         bubble.intervals = merged([
             _own(_through(Interval(p.start, p.end, *labels[(p.op, p.why)][0]), p, vias),
@@ -697,7 +698,7 @@ def _segments(batch: Batch, reached: list[Batch]) -> dict[int, list[PathSegment]
     """The critical paths of a batch, their walks resolved, as `critical_path` makes them."""
     done, labels = _resolved(batch, reached)
 
-    vias: dict[int, str] = {}
+    vias: dict[int, tuple[str, int]] = {}
 
     def segment(piece: Piece) -> PathSegment:
         rank, lane, name, kind, category, note, op = labels[(piece.op, piece.why)][1]
@@ -841,7 +842,8 @@ class _PartBlamer(Blamer):
             elif item[0] == "link":
                 out.append(("l", *item[1:]))
             elif item[0] == "via":
-                out.append(("v", item[1] + first, str(self.comm_category[item[1]])))
+                out.append(("v", item[1] + first, str(self.comm_category[item[1]]),
+                            int(self.graph.rank[item[1]])))
             elif item[0] == "left":
                 out.append(("e",))
             else:

@@ -60,9 +60,15 @@ class Piece:
     start: int
     end: int
     why: str
-    via: int = -1
-    """the comm op whose cross-rank dependency the walk last followed to reach it (a P2P half,
-    a collective member of the rank that waited), -1 on the explained lane's own rank"""
+    hops: tuple[int, ...] = ()
+    """the comm ops whose cross-rank dependencies the walk followed to reach it, outermost
+    first (a P2P half, a collective member of the rank that waited); () on the explained
+    lane's own rank"""
+
+    @property
+    def via(self) -> int:
+        """The last comm op crossed to reach it, -1 if none."""
+        return self.hops[-1] if self.hops else -1
 
     @property
     def dur(self) -> int:
@@ -357,11 +363,10 @@ class BindingWalk:
         """The walk follows comm op i's dependency onto another rank (see `_leave`)."""
 
     def _leave(self, out: list[Piece], first_new: int, i: int) -> None:
-        """Back from following op i's dependency: the pieces found since `first_new` that no
-        deeper crossing reached were reached through i."""
+        """Back from following op i's dependency: the pieces found since `first_new` were
+        reached through i, then through what they were reached by from there."""
         for piece in out[first_new:]:
-            if piece.via < 0:
-                piece.via = i
+            piece.hops = (i, *piece.hops)
 
     def _wake(self, out: list[Piece], first_new: int, b: int) -> None:
         """The lane was released a little after what it waited for ended: `wake_up`."""
@@ -415,9 +420,9 @@ def fold_slivers(pieces: list[Piece]) -> list[Piece]:
     for piece in sorted(pieces, key=lambda p: p.start):
         if piece.dur < MIN_PIECE_NS and kept and piece.start - kept[-1].end <= MIN_PIECE_NS:
             kept[-1] = Piece(kept[-1].op, kept[-1].start, max(kept[-1].end, piece.end),
-                             kept[-1].why, kept[-1].via)
+                             kept[-1].why, kept[-1].hops)
         else:
             kept.append(piece)
     if len(kept) > 1 and kept[0].dur < MIN_PIECE_NS:
-        kept[:2] = [Piece(kept[1].op, kept[0].start, kept[1].end, kept[1].why, kept[1].via)]
+        kept[:2] = [Piece(kept[1].op, kept[0].start, kept[1].end, kept[1].why, kept[1].hops)]
     return kept
