@@ -76,6 +76,7 @@ from tracegraph.analysis.stragglers import (
 from tracegraph.analysis.walk import STEP_TAIL, BindingWalk, Piece, fold_slivers, wake_up
 from tracegraph.graph.clock import estimate_offsets
 from tracegraph.graph.depgraph import (
+    CommTimes,
     DepGraph,
     assemble,
     build_graph,
@@ -254,7 +255,9 @@ class _Parts:
         dep, how = matches.dep.copy(), matches.how.copy()
         exchange = comm["exchange"].to_numpy()
         exchange = np.where(exchange >= 0, exchange + comm["op"].to_numpy() - comm["local"], -1)
-        direct(dep, how, start, comm["posted"].to_numpy() - shift, matches.instances, exchange)
+        times = CommTimes(start, comm["end"].to_numpy() - shift,
+                          comm["posted"].to_numpy() - shift, exchange)
+        direct(dep, how, times, matches.instances)
         unprofiled, unmatched = missing_peers(comm, matches, trace.groups, set(ranks))
         sampled = bool(len(matches.instances)) and not matches.instances["safe"].all()
         ops = comm["op"].to_numpy()

@@ -30,6 +30,7 @@ edges. `cycles()` checks the whole graph in linear time.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -239,20 +240,29 @@ def build_graph(ops: Ops, matches: Matches, start: np.ndarray, end: np.ndarray,
     unprofiled, unmatched = missing_peers(ops.frame, matches, groups, present)
     dep, how = matches.dep.copy(), matches.how.copy()
     exchange = exchanges(ops)
-    direct(dep, how, start, posted_times(ops, start, exchange), matches.instances, exchange)
+    times = CommTimes(start, end, posted_times(ops, start, exchange), exchange)
+    direct(dep, how, times, matches.instances)
     sampled = bool(len(matches.instances)) and not matches.instances["safe"].all()
     return assemble(ops, matches, start, end, (dep, how, unprofiled, unmatched), sampled)
 
 
-def direct(dep: np.ndarray, how: np.ndarray, start: np.ndarray, posted: np.ndarray,
-           instances: pd.DataFrame, exchange: np.ndarray) -> None:
-    """Direct the matched pairs and instances (in place): the half posted last of a transfer
-    (`posted_times`), the member of an instance that arrived last, releases the others; the
-    halves of a batched exchange (`exchange`, per op) wait for the peer that posted last."""
+class CommTimes(NamedTuple):
+    """Per op, what directing the matches reads (aligned clock)."""
+
+    start: np.ndarray
+    end: np.ndarray
+    posted: np.ndarray  # `posted_times`
+    exchange: np.ndarray  # `exchanges`
+
+
+def direct(dep: np.ndarray, how: np.ndarray, times: CommTimes, instances: pd.DataFrame) -> None:
+    """Direct the matched pairs and instances (in place): of a transfer, the half posted last
+    releases the other; the member of an instance that arrived last releases the others; an
+    exchange's waits go to the half that ends it (`_close_exchanges`)."""
     partner = np.where(how == "p2p", dep, -1)
-    _direct_pairs(dep, how, posted)
-    _bind_batches(dep, how, posted, partner, exchange)
-    _direct_instances(dep, how, start, instances)
+    _direct_pairs(dep, how, times.posted)
+    _close_exchanges(dep, how, times, partner)
+    _direct_instances(dep, how, times.start, instances)
 
 
 def assemble(ops: Ops, matches: Matches, start: np.ndarray, end: np.ndarray,
@@ -346,32 +356,36 @@ def posted_times(ops: Ops, start: np.ndarray, exchange: np.ndarray | None = None
     return posted
 
 
-def _bind_batches(dep: np.ndarray, how: np.ndarray, posted: np.ndarray, partner: np.ndarray,
-                  exchange: np.ndarray) -> None:
-    """The halves of one batched exchange (`batch_isend_irecv`) complete together: each waits
-    for the half whose peer posted last, when that peer posted after the batch."""
-    halves = np.flatnonzero((partner >= 0) & (exchange >= 0))
+def _close_exchanges(dep: np.ndarray, how: np.ndarray, times: CommTimes,
+                     partner: np.ndarray) -> None:
+    """An exchange's thread waits once, for all its halves (`batch_isend_irecv`, or a send
+    with its wait): the waits its halves have on their peers belong to the half that ends
+    last, which waits for the peer half posted last. The other records only post (a gloo send
+    record ends when posted; it completes when its receive is)."""
+    halves = np.flatnonzero((partner >= 0) & (times.exchange >= 0))
     if not len(halves):
         return
-    table = pd.DataFrame({"half": halves, "exchange": exchange[halves],
-                          "partner": partner[halves], "late": posted[partner[halves]]})
-    table = table[table.groupby("exchange")["half"].transform("size") > 1]
-    if not len(table):
+    table = pd.DataFrame({"half": halves, "exchange": times.exchange[halves],
+                          "end": times.end[halves], "dep": dep[halves]})
+    closing = table.loc[table.groupby("exchange")["end"].idxmax(), ["exchange", "half"]]
+    waiting = table[table["dep"] >= 0]
+    if not len(waiting):
         return
-    binding = table.loc[table.groupby("exchange")["late"].idxmax(), ["exchange", "partner"]]
-    table = table.merge(binding, on="exchange", suffixes=("", "_binding"))
-    held = table[posted[table["partner_binding"].to_numpy()] > posted[table["half"].to_numpy()]]
-    dep[held["half"].to_numpy()] = held["partner_binding"].to_numpy()
-    how[held["half"].to_numpy()] = "p2p"
+    waiting = waiting.assign(late=times.posted[waiting["dep"].to_numpy()])
+    binding = waiting.loc[waiting.groupby("exchange")["late"].idxmax(), ["exchange", "dep"]]
+    closed = binding.merge(closing, on="exchange")
+    dep[waiting["half"].to_numpy()], how[waiting["half"].to_numpy()] = -1, ""
+    dep[closed["half"].to_numpy()] = closed["dep"].to_numpy()
+    how[closed["half"].to_numpy()] = "p2p"
 
 
-def _direct_pairs(dep: np.ndarray, how: np.ndarray, start: np.ndarray) -> None:
+def _direct_pairs(dep: np.ndarray, how: np.ndarray, posted: np.ndarray) -> None:
     """Each matched P2P pair keeps one edge: from the half posted last to the other."""
     halves = np.flatnonzero(how == "p2p")
     partner = dep[halves]
     first = halves < partner
     a, b = halves[first], partner[first]
-    b_later = (start[b] > start[a]) | ((start[b] == start[a]) & (b > a))
+    b_later = (posted[b] > posted[a]) | ((posted[b] == posted[a]) & (b > a))
     later, earlier = np.where(b_later, b, a), np.where(b_later, a, b)
     dep[later], how[later] = -1, ""
     dep[earlier] = later
