@@ -3,24 +3,26 @@
 
 A dev tool, not part of tracegraph (it and corpus_schedule.py are the only files that import
 torch). For every case it spawns `world` processes on 127.0.0.1 (gloo), creates the case's
-process groups in the case's order, runs a few steps of a tiny model with Megatron-like
-`record_function` annotations (`FWD mb=i`, `BWD mb=i`, `FWD_SEND`, `BWD_SEND`,
-`DP_REDUCE_GRAD`, `OPT step`, ...) under `torch.profiler.profile(activities=[CPU],
-record_shapes=True)` with a wait / warmup / active schedule, injects the case's delay with
-`time.sleep` (inside a named annotation, or outside any for a host stall), exports each rank
-with `export_chrome_trace` and gzips it to `rankN.json.gz`.
+process groups in the case's order, runs a few steps of a tiny model (pipeline: 1F1B, GPipe or
+Megatron's interleaved 1F1B, optionally with tensor-parallel layers and tied embeddings; DP;
+EP; CP ring attention) with Megatron-like `record_function` annotations (`FWD mb=i`,
+`BWD chunk=c mb=i`, `FWD_SEND`, `BWD_SEND`, `DP_REDUCE_GRAD`, `ring step k`, `OPT step`, ...)
+under `torch.profiler.profile(activities=[CPU], record_shapes=True)` with a wait / warmup /
+active schedule, injects the case's delay with `time.sleep` (inside a named annotation, or
+outside any for a host stall), exports each rank with `export_chrome_trace` and gzips it to
+`rankN.json.gz`.
 
 `ground_truth.json` is written from the job itself, never from running tracegraph: what was
 injected, and every wait of the profiled steps with its cause, from a replay of the job's own
 schedule (corpus_schedule.py): each rank's program is run once more without torch.distributed
 ("plan" mode) and the programs are replayed against each other.
 
-Noise: 4 processes share the 2 cores of the machine the corpus is recorded on, with other work.
-Each rank runs one thread of torch work (intra- and inter-op threads 1); the recording runs in a
-scheduling group of its own at nice -20 (root only: the kernel shares the CPU between session
-groups whatever a process's nice value), so other work on the host rarely deschedules a rank. A
-healthy P2P exchange then takes a few ms (up to ~40 ms without it); the injected delays are
-≥ 50 ms per occurrence.
+Noise: 4 or 8 processes share the 2 cores of the machine the corpus is recorded on, with
+other work. Each rank runs one thread of torch work (intra- and inter-op threads 1); the
+recording runs in a scheduling group of its own at nice -20 (root only: the kernel shares the
+CPU between session groups whatever a process's nice value), so other work on the host rarely
+deschedules a rank. A healthy P2P exchange then takes a few ms (up to ~40 ms without it); the
+injected delays are ≥ 50 ms per occurrence (≥ 150 ms with 8 processes).
 
     .venv/bin/python bench/record_corpus.py --out tests/data/corpus [--case NAME ...]
 
