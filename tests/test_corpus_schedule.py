@@ -190,3 +190,25 @@ def test_a_straggler_is_twice_its_peers_median_of_declared_work() -> None:
     table = cs.stragglers(programs_of(member(0), member(120), member(10), member(0)), [1])
     assert table == [{"step": 1, "rank": 1, "annotation": "FWD", "ms": 150.0,
                       "peers_median_ms": 30.0, "ratio": 5.0}]  # BWD 6.2 ms: not twice 5
+
+
+def test_halves_released_together_follow_the_peer_the_recording_shows_last() -> None:
+    """Rank 0's batch sends to 1 and receives from 2; both peers post 20 ms late (the same
+    sleep before a shared collective, in the replay to the microsecond): the schedule cannot
+    say which came last, so the chain goes through the one the recording shows posting last."""
+    batch = Act("p2p", 0, ("B",), sends=(1,), recvs=(2,), comm="exchange", category="pp_p2p")
+    late = Act("sleep", 0, ("S",), ms=20, injection=0)
+    programs = programs_of([step(0), batch, step(1)],
+                           [step(0), late, Act("p2p", 0, ("R",), recvs=(0,), comm="recv"),
+                            step(1)],
+                           [step(0), late, Act("p2p", 0, ("X",), sends=(0,), comm="send"),
+                            step(1)])
+    chains = {}
+    for later in (1, 2):
+        replayed = cs.replay(programs, [0])
+        replayed.recorded = lambda lane, timed, key, later=later: float(lane == later)
+        (wait,) = [w for w in cs.stated_waits(replayed, [0], SLEEP, "pipeline_fill")
+                   if w["rank"] == 0]
+        assert wait["bound"] is None and wait["root_rank"] == later
+        chains[later] = wait["chain"]
+    assert chains == {1: [0, 1], 2: [0, 2]}

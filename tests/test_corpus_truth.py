@@ -110,6 +110,27 @@ def test_a_batched_call_is_held_by_the_half_the_truth_says(case: str) -> None:
 
 
 @pytest.mark.parametrize("case", CASES)
+def test_where_halves_tie_the_chain_follows_the_peer_that_posted_last(case: str) -> None:
+    """Where the schedule releases a batched call's halves together (no `bound`), which peer
+    came last is noise: the truth's chain goes through the one whose c10d op of the match
+    started last in the files."""
+    groups = {g["name"]: g for g in truth(case)["groups"]}
+    for w in _waits(case):
+        peers = {h["peer"] for h in w.get("halves", ())}
+        if w.get("bound", 1) is not None or len(peers) < 2 or w["ms"] < 20:
+            continue
+        local = groups[w["group"]]["ranks"].index
+        posted = {}
+        for h in w["halves"]:
+            events = _events(case, h["peer"])
+            call = span_at(case, h["peer"], h["by"]["step"], h["by"]["where"])
+            name = "c10d::recv_" if h["half"] == "send" else "c10d::send"
+            (op,) = [o for o in _inside(events, call, name) if _peer(o) == local(w["rank"])]
+            posted[h["peer"]] = op["ts"]
+        assert w["chain"][1] == max(posted, key=posted.get), (w, posted)
+
+
+@pytest.mark.parametrize("case", CASES)
 def test_per_step_stragglers_are_the_injected_ones(case: str) -> None:
     """A rank whose declared work in a step is twice its peers' median is a straggler there:
     only where a sleep was injected on that rank in that step."""
