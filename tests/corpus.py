@@ -86,8 +86,13 @@ class Judged:
     @property
     def expected(self) -> tuple[str | None, int | None]:
         """(category, root rank) the truth states; (None, None) for a wait on peers' normal
-        work, which any of `allowed` may explain."""
-        if self.wait is None or self.wait["category"] in _NORMAL:
+        work, which any of `allowed` may explain. A wait on a rank absent from the bundle is
+        its communication's category, with that rank to profile: stated."""
+        if self.wait is None:
+            return None, None
+        on_absent = any(c["cause"] == "absent" and c["rank"] == self.wait["root_rank"]
+                        for c in self.wait["causes"])
+        if self.wait["category"] in _NORMAL and not on_absent:
             return None, None
         return self.wait["category"], self.wait["root_rank"]
 
