@@ -76,6 +76,10 @@ class Piece:
         return self.end - self.start
 
 
+Recorded = Callable[[int, "Timed", tuple], "float | None"]
+"""When the recording shows a lane's act posting its half of a P2P match (None: not shown)."""
+
+
 @dataclass
 class Replay:
     """Every lane's program with replayed times, and each rank's profile window."""
@@ -85,6 +89,7 @@ class Replay:
     posts: dict[tuple, dict[int, float]] = field(default_factory=dict)
     transfer: dict[tuple, float] = field(default_factory=dict)  # collective key -> its ms
     posted_by: dict[tuple, dict[int, Timed]] = field(default_factory=dict)  # key -> lane -> act
+    recorded: Recorded | None = None  # when the files show a P2P half posted (breaks ties)
 
     def released(self, key: tuple) -> float:
         """When a match completed: its last party's post, plus a collective's transfer."""
@@ -230,11 +235,7 @@ def _waited(rp: Replay, lane: int, timed: Timed, a: float, b: float, out: list[P
     party did; then the transfer. `trail`: the path and comm categories that led here."""
     if b <= a or len(trail.path) > 200:
         return
-    last, last_post = lane, timed.start
-    for key in timed.keys:
-        for other, t in rp.posts[key].items():
-            if other != lane and t > last_post:
-                last, last_post = other, t
+    last, last_post = _last_party(rp, lane, timed)
     via = tuple(dict.fromkeys((*trail.via, timed.act.category) if timed.act.category
                               else trail.via))
     path = trail.path if rank_of(last) == trail.path[-1] else (*trail.path, rank_of(last))
@@ -247,6 +248,29 @@ def _waited(rp: Replay, lane: int, timed: Timed, a: float, b: float, out: list[P
     if b > max(a, last_post):
         out.append(Piece(TRANSFER, rank_of(lane), max(a, last_post), b,
                          category=timed.act.category, path=trail.path, via=via))
+
+
+def _last_party(rp: Replay, lane: int, timed: Timed) -> tuple[int, float]:
+    """The party of a blocking act posting last, and when. Halves of a batched P2P call whose
+    peers post within MIN_WAIT_MS of each other in the replay tie (the schedule does not say
+    which came last): the recording decides, where it shows every tied post."""
+    last, last_post, last_key = lane, timed.start, None
+    for key in timed.keys:
+        for other, t in rp.posts[key].items():
+            if other != lane and t > last_post:
+                last, last_post, last_key = other, t, key
+    if last_key is None or last_key[0] != "p2p" or rp.recorded is None:
+        return last, last_post
+    tied = [(other, key) for key in timed.keys if key[0] == "p2p"
+            for other, t in rp.posts[key].items()
+            if other not in (lane, last) and t >= last_post - MIN_WAIT_MS]
+    if not tied:
+        return last, last_post
+    candidates = [(last, last_key), *tied]
+    seen = [rp.recorded(other, rp.posted_by[key][other], key) for other, key in candidates]
+    if None in seen:
+        return last, last_post
+    return candidates[seen.index(max(seen))][0], last_post
 
 
 def _ran(rp: Replay, lane: int, a: float, b: float, out: list[Piece], trail: Piece,

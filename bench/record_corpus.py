@@ -3,24 +3,26 @@
 
 A dev tool, not part of tracegraph (it and corpus_schedule.py are the only files that import
 torch). For every case it spawns `world` processes on 127.0.0.1 (gloo), creates the case's
-process groups in the case's order, runs a few steps of a tiny model with Megatron-like
-`record_function` annotations (`FWD mb=i`, `BWD mb=i`, `FWD_SEND`, `BWD_SEND`,
-`DP_REDUCE_GRAD`, `OPT step`, ...) under `torch.profiler.profile(activities=[CPU],
-record_shapes=True)` with a wait / warmup / active schedule, injects the case's delay with
-`time.sleep` (inside a named annotation, or outside any for a host stall), exports each rank
-with `export_chrome_trace` and gzips it to `rankN.json.gz`.
+process groups in the case's order, runs a few steps of a tiny model (pipeline: 1F1B, GPipe or
+Megatron's interleaved 1F1B, optionally with tensor-parallel layers and tied embeddings; DP;
+EP; CP ring attention) with Megatron-like `record_function` annotations (`FWD mb=i`,
+`BWD chunk=c mb=i`, `FWD_SEND`, `BWD_SEND`, `DP_REDUCE_GRAD`, `ring step k`, `OPT step`, ...)
+under `torch.profiler.profile(activities=[CPU], record_shapes=True)` with a wait / warmup /
+active schedule, injects the case's delay with `time.sleep` (inside a named annotation, or
+outside any for a host stall), exports each rank with `export_chrome_trace` and gzips it to
+`rankN.json.gz`.
 
 `ground_truth.json` is written from the job itself, never from running tracegraph: what was
 injected, and every wait of the profiled steps with its cause, from a replay of the job's own
 schedule (corpus_schedule.py): each rank's program is run once more without torch.distributed
 ("plan" mode) and the programs are replayed against each other.
 
-Noise: 4 processes share the 2 cores of the machine the corpus is recorded on, with other work.
-Each rank runs one thread of torch work (intra- and inter-op threads 1); the recording runs in a
-scheduling group of its own at nice -20 (root only: the kernel shares the CPU between session
-groups whatever a process's nice value), so other work on the host rarely deschedules a rank. A
-healthy P2P exchange then takes a few ms (up to ~40 ms without it); the injected delays are
-≥ 50 ms per occurrence.
+Noise: 4 or 8 processes share the 2 cores of the machine the corpus is recorded on, with
+other work. Each rank runs one thread of torch work (intra- and inter-op threads 1); the
+recording runs in a scheduling group of its own at nice -20 (root only: the kernel shares the
+CPU between session groups whatever a process's nice value), so other work on the host rarely
+deschedules a rank. A healthy P2P exchange then takes a few ms (up to ~40 ms without it); the
+injected delays are ≥ 50 ms per occurrence (≥ 150 ms with 8 processes).
 
     .venv/bin/python bench/record_corpus.py --out tests/data/corpus [--case NAME ...]
 
@@ -41,7 +43,7 @@ import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -49,7 +51,17 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from corpus_schedule import SIDE, Act, lanes, replay, stated_waits, stragglers
+from corpus_schedule import (
+    SIDE,
+    Act,
+    Recorded,
+    Timed,
+    lanes,
+    rank_of,
+    replay,
+    stated_waits,
+    stragglers,
+)
 from torch import nn
 from torch._C._profiler import _ExperimentalConfig
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
@@ -1402,7 +1414,7 @@ def _sleeps_of(case: Case, traces: dict[int, dict], programs: dict[int, list[Act
 def _check_replayed_waits(case: Case, traces: dict[int, dict]) -> int:
     """Every wait the replay states (20 ms or more, in an annotation of its own) lasted at least
     half as long in the recording: the replayed schedule is the job that ran."""
-    waits = expected(case, list(range(case.world)), _injections(case))["waits"]
+    waits = expected(case, list(range(case.world)), _injections(case), traces=traces)["waits"]
     checked = 0
     for w in waits:
         if w["ms"] < 20 or w["op"] == "idle":
@@ -1417,7 +1429,7 @@ def _check_bound_halves(case: Case, traces: dict[int, dict]) -> int:
     """Every batched call the replay says was held by one half (20 ms or more after another
     half was released) was so in the recording: the peer of the binding half entered the call
     that released it after the peers of the other halves entered theirs (one host clock)."""
-    waits = expected(case, list(range(case.world)), _injections(case))["waits"]
+    waits = expected(case, list(range(case.world)), _injections(case), traces=traces)["waits"]
     checked = 0
     for w in waits:
         if not w.get("bound"):
@@ -1527,7 +1539,8 @@ def _injections(case: Case) -> list[dict[str, object]]:
     return out
 
 
-def truth(case: Case, ranks: list[int], groups: list[dict]) -> dict[str, object]:
+def truth(case: Case, ranks: list[int], groups: list[dict], traces: dict[int, dict]
+          ) -> dict[str, object]:
     injections = _injections(case)
     return {
         "case": case.name,
@@ -1547,15 +1560,17 @@ def truth(case: Case, ranks: list[int], groups: list[dict]) -> dict[str, object]
         "profiled_steps": case.profiled,
         "healthy": not case.sleeps,
         "injections": injections,
-        "expected": expected(case, ranks, injections, groups),
+        "expected": expected(case, ranks, injections, groups, traces),
     }
 
 
 def expected(case: Case, ranks: list[int], injections: list[dict],
-             groups: list[dict] | None = None) -> dict[str, object]:
+             groups: list[dict] | None = None, traces: dict[int, dict] | None = None
+             ) -> dict[str, object]:
     """The hand-stated root and notes, every wait of the profiled steps on the ranks in the
-    folder, from the replayed schedule (with `groups`, each communication's group named), and
-    the per-step stragglers of the declared work."""
+    folder, from the replayed schedule (with `groups`, each communication's group named; with
+    the recorded `traces` of every rank, ties between a batched call's halves broken as they
+    happened), and the per-step stragglers of the declared work."""
     idle = causes.PIPELINE_FILL if case.kind == "pipeline" else causes.PEER_COMPUTE
     programs = plan(case)
     names = {(g["desc"], tuple(g["ranks"])): g["name"] for g in groups or ()}
@@ -1563,7 +1578,9 @@ def expected(case: Case, ranks: list[int], injections: list[dict],
     def group_name(desc: str, members: tuple[int, ...]) -> str | None:
         return names.get((desc, tuple(sorted(members))))
 
-    waits = stated_waits(replay(programs, case.profiled), case.profiled, injections, idle,
+    replayed = replay(programs, case.profiled)
+    replayed.recorded = _recorded_posts(traces) if traces else None
+    waits = stated_waits(replayed, case.profiled, injections, idle,
                          absent=set(range(case.world)) - set(ranks),
                          group_name=group_name if groups else None)
     categories = sorted({a.category for acts in programs.values() for a in acts if a.category})
@@ -1576,8 +1593,35 @@ def expected(case: Case, ranks: list[int], injections: list[dict],
             "notes": case.expected.get("notes", "")}
 
 
+def _recorded_posts(traces: dict[int, dict]) -> Recorded:
+    """When a P2P half was posted in the recording: the start of its c10d::send / recv_ (to
+    that peer's group-local rank) in the call's annotation; None outside the profiled steps."""
+
+    def posted(lane: int, timed: Timed, key: tuple) -> float | None:
+        act, send = timed.act, key[1] == lane
+        peer = rank_of(key[2] if send else key[1])
+        events = traces[rank_of(lane)]["traceEvents"]
+        try:
+            span = _annotation(events, act.step, list(act.where))
+        except (AssertionError, ValueError):
+            return None
+        local = str(sorted(act.members).index(peer))
+        ops = [e for e in _spans(events, "c10d::send" if send else "c10d::recv_")
+               if e["tid"] == span["tid"] and span["ts"] <= e["ts"] <= span["ts"] + span["dur"]
+               and e["args"]["Concrete Inputs"][2] == local]
+        return ops[0]["ts"] if ops else None
+
+    return posted
+
+
 def _write_json(path: Path, data: object) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
+
+
+def _load(folder: Path, ranks: Iterable[int]) -> dict[int, dict]:
+    """The recorded ranks' traces of a case folder."""
+    return {r: json.loads(gzip.decompress((folder / f"rank{r}.json.gz").read_bytes()))
+            for r in ranks}
 
 
 def rewrite_truth(case: Case, out: Path) -> None:
@@ -1585,11 +1629,10 @@ def rewrite_truth(case: Case, out: Path) -> None:
     folder = out / case.name
     if case.copy_of:
         return record(case, out)
-    traces = {r: json.loads(gzip.decompress((folder / f"rank{r}.json.gz").read_bytes()))
-              for r in range(case.world)}
+    traces = _load(folder, range(case.world))
     check(case, traces)
     _write_json(folder / "ground_truth.json",
-                truth(case, list(range(case.world)), _groups(case, traces)))
+                truth(case, list(range(case.world)), _groups(case, traces), traces))
     print(f"{case.name}: ground truth rewritten", flush=True)
 
 
@@ -1605,7 +1648,8 @@ def record(case: Case, out: Path) -> None:
             shutil.copyfile(src / f"rank{r}.json.gz", folder / f"rank{r}.json.gz")
         groups = [{**g, "listed_by": [r for r in g["listed_by"] if r in case.keep]}
                   for g in whole["groups"]]
-        _write_json(folder / "ground_truth.json", truth(case, list(case.keep), groups))
+        traces = _load(src, whole["ranks"])
+        _write_json(folder / "ground_truth.json", truth(case, list(case.keep), groups, traces))
         print(f"{case.name}: copied ranks {list(case.keep)} of {case.copy_of}", flush=True)
         return
     with tempfile.TemporaryDirectory(prefix=f"corpus-{case.name}-") as tmp:
@@ -1627,7 +1671,7 @@ def record(case: Case, out: Path) -> None:
         print(f"{case.name}: rejected, kept in {rejected}", file=sys.stderr)
         raise
     _write_json(folder / "ground_truth.json",
-                truth(case, list(range(case.world)), _groups(case, traces)))
+                truth(case, list(range(case.world)), _groups(case, traces), traces))
     print(f"{case.name}: {time.time() - started:.1f} s; {json.dumps(measured)}", flush=True)
 
 
