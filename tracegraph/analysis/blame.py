@@ -274,25 +274,50 @@ def comm_categories(frame: pd.DataFrame, groups: pd.DataFrame) -> np.ndarray:
     """Per op, the category its communication is charged to ("" for ops that are not
     communication): its group's parallel dimension's, else its comm type's, else the category
     of communication whose dimension is unknown (never a guess); a point-to-point op is a
-    pipeline transfer only when it names its peer. Blame, the metrics and the checks all read
-    a group's dimension from here."""
+    pipeline transfer only when it names its peer, and one whose profile names no group (gloo)
+    belongs to the dimension of the smallest groups holding both ends (a context-parallel
+    ring's sends are the CP group's). Blame, the metrics and the checks all read a group's
+    dimension from here."""
     dims = dict(zip(groups["group"], groups["dim"], strict=True)) if len(groups) else {}
     comm = frame["comm"].to_numpy(dtype=object)
-    unpeered = np.isin(comm, list(schema.P2P_COMMS)) & (frame["peer"].to_numpy() < 0)
+    peer = frame["peer"].to_numpy()
+    unpeered = np.isin(comm, list(schema.P2P_COMMS)) & (peer < 0)
     is_comm = frame["kind"].isin([schema.COLLECTIVE, schema.P2P]).to_numpy() | (comm != "")
     rows = np.flatnonzero(is_comm)  # factorize those only: most ops are not communication
     kinds = np.where(unpeered[rows], _UNPEERED, comm[rows])
-    codes, uniques = pd.factorize(pd.MultiIndex.from_arrays([frame["group"].iloc[rows], kinds]))
+    group = frame["group"].to_numpy(dtype=object)[rows]
+    pairs = np.isin(kinds, list(schema.P2P_COMMS)) & (group == "")
+    dim = np.array([dims.get(g, "") for g in group], dtype=object)
+    if pairs.any():
+        dim[pairs] = _pair_dims(frame["rank"].to_numpy()[rows][pairs], peer[rows][pairs], groups)
+    codes, uniques = pd.factorize(pd.MultiIndex.from_arrays([dim, kinds]))
     out = np.full(len(frame), "", dtype=object)
     if len(uniques):
-        out[rows] = np.array([causes.for_collective(str(dims.get(group, "")), str(kind))
-                              for group, kind in uniques], dtype=object)[codes]
+        out[rows] = np.array([causes.for_collective(str(d), str(kind)) for d, kind in uniques],
+                             dtype=object)[codes]
     return out
 
 
+def _pair_dims(rank: np.ndarray, peer: np.ndarray, groups: pd.DataFrame) -> np.ndarray:
+    """Per (rank, peer): the parallel dimension of the smallest groups of a known dimension
+    (not the world) holding both, "" where there is none or they disagree."""
+    known = groups[~groups["dim"].isin(["", "world"])] if len(groups) else groups
+    sets = sorted(((len(r), frozenset(int(x) for x in r), str(d))
+                   for r, d in zip(known.get("ranks", []), known.get("dim", []), strict=True)),
+                  key=lambda t: t[0])
+    found: dict[tuple[int, int], str] = {}
+    for key in set(zip(rank.tolist(), peer.tolist(), strict=True)):
+        holding = [(size, d) for size, members, d in sets if set(key) <= members]
+        smallest = {d for size, d in holding if size == holding[0][0]} if holding else set()
+        found[key] = smallest.pop() if len(smallest) == 1 else ""
+    return np.array([found[k] for k in zip(rank.tolist(), peer.tolist(), strict=True)],
+                    dtype=object)
+
+
 def pipelined_job(frame: pd.DataFrame, groups: pd.DataFrame) -> bool:
-    """Whether the job has pipeline parallelism: a pp group, or P2P ops naming their peer."""
+    """Whether the job has pipeline parallelism: a pp group, or P2P ops naming their peer
+    that are pipeline transfers (not a context-parallel ring's)."""
     if len(groups) and (groups["dim"] == "pp").any():
         return True
-    return bool(((frame["kind"] == schema.P2P) & (frame["peer"] >= 0)).any())
-
+    p2p = frame[(frame["kind"] == schema.P2P).to_numpy() & (frame["peer"] >= 0).to_numpy()]
+    return bool((comm_categories(p2p, groups) == causes.PP_P2P).any())

@@ -93,7 +93,7 @@ from tracegraph.loading.steps import step_markers
 from tracegraph.loading.trace import Trace, events_frame
 
 PARTS_PER_WORKER = 2  # parts (of contiguous ranks) per worker: walks of one part run in turn
-_COMM_COLUMNS = ["rank", "kind", "comm", "group", "seq", "peer", "start", "end", "stream",
+_COMM_COLUMNS = ["event", "rank", "kind", "comm", "group", "seq", "peer", "start", "end", "stream",
                  "lane"]
 
 

@@ -37,7 +37,7 @@ import pandas as pd
 
 from tracegraph import schema
 from tracegraph.graph.match import Matches
-from tracegraph.graph.ops import Ops
+from tracegraph.graph.ops import Ops, first_parts
 
 EDGE_KINDS = ("stream", "launch", "event_wait", "queue", "gate", "host_wait", "p2p",
               "collective", "host_release", "host_sync", "shared_queue")
@@ -341,7 +341,7 @@ def exchanges(ops: Ops) -> np.ndarray:
     first = np.flatnonzero(~joined)
     out = np.full(len(frame), -1, dtype=np.int64)
     out[part] = first[run[part] - 1]
-    return out
+    return out[first_parts(frame)]  # a record's later parts belong to its first's exchange
 
 
 def posted_times(ops: Ops, start: np.ndarray, exchange: np.ndarray | None = None
@@ -350,7 +350,7 @@ def posted_times(ops: Ops, start: np.ndarray, exchange: np.ndarray | None = None
     `gloo:recv` starts when `c10d::recv_` returns, and that call may block), every other op
     when it starts."""
     exchange = exchanges(ops) if exchange is None else exchange
-    posted = start.copy()
+    posted = start[first_parts(ops.frame)]
     inside = exchange >= 0
     posted[inside] = start[exchange[inside]]
     return posted
