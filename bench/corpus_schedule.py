@@ -22,6 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from statistics import median
 
+from tracegraph.causes import root_of
+
 TRANSFER, COMPUTE, UNRECORDED, INJECTED = "transfer", "compute", "unrecorded", "injected"
 ABSENT = "absent"  # waiting on a rank whose profile is not in the bundle
 BLOCKING = ("p2p", "collective", "wait")
@@ -383,13 +385,15 @@ def _stated(rank: int, timed: Timed, pieces: list[Piece], injections: list[dict]
                 UNRECORDED: "unknown"}[p.cause]
 
     totals: dict[tuple[str, int, str], float] = defaultdict(float)
+    grouped: dict[tuple[str, int, str], list[Piece]] = defaultdict(list)
     for p in pieces:
         totals[p.cause, p.rank, category(p)] += p.ms
-    by_category: dict[str, float] = defaultdict(float)
-    for (_, _, cat), ms in totals.items():
-        by_category[cat] += ms
-    dominant = max(by_category, key=by_category.get)
-    origin = min((p for p in pieces if category(p) == dominant), key=lambda p: p.start)
+        grouped[p.cause, p.rank, category(p)].append(p)
+    keys = list(grouped)  # the causes, by origin; the root is tracegraph's rule, not its output
+    root = keys[root_of([(totals[k], min(p.start for p in grouped[k])) for k in keys],
+                        timed.end - timed.start)]
+    dominant = root[2]
+    origin = max(grouped[root], key=lambda p: p.ms)
     act = timed.act
     return {
         "rank": rank, "step": act.step, "where": list(act.where),
