@@ -113,6 +113,8 @@ def test_registered_alone_each_format_finds_only_its_own(monkeypatch, fmt):
     own, other = {"kineto": ("kineto/gloo_pp2_dp2", "ascend/torch_npu_ddp8_level1"),
                   "ascend": ("ascend/torch_npu_ddp8_level1", "kineto/gloo_pp2_dp2"),
                   "ascend_db": ("ascend/torch_npu_ddp8_db_level1", "ascend/torch_npu_ddp8_level1"),
+                  "ascend_prof": ("ascend/mindspore_graph_ddp2_prof",
+                                  "ascend/torch_npu_ddp8_level1"),
                   }[fmt.name]
     monkeypatch.setattr(formats, "FORMATS", (fmt,))
     found = open_bundle(real(own)).profiles
