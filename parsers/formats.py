@@ -7,7 +7,7 @@ format is one module defining `FORMAT = parsers.base.Format(...)` plus one line 
 
 from __future__ import annotations
 
-from parsers import ascend, ascend_db, ascend_prof, kineto
+from parsers import ascend, ascend_db, ascend_prof, kineto, nsys
 from parsers.base import Format
 
 FORMATS: tuple[Format, ...] = (
@@ -15,6 +15,7 @@ FORMATS: tuple[Format, ...] = (
     ascend.FORMAT,
     kineto.FORMAT,
     ascend_db.FORMAT,
+    nsys.FORMAT,
 )
 
 

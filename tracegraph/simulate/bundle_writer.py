@@ -29,7 +29,8 @@ EPOCH_NS = 1_767_225_600_000_000_000
 
 WRITERS = {("ascend", "text"): "tracegraph.simulate.write_ascend",
            ("ascend", "db"): "tracegraph.simulate.write_ascend_db",
-           ("kineto", "text"): "tracegraph.simulate.write_kineto"}
+           ("kineto", "text"): "tracegraph.simulate.write_kineto",
+           ("nsys", "text"): "tracegraph.simulate.write_nsys"}
 """(format, layout) -> the writer module; `db` is the profiler's database export."""
 DEVICE_KINDS = (COMPUTE, WAIT, RECORD, COLLECTIVE, P2P, MEMCPY)
 CHUNK_ROWS = 100_000  # rows rendered per chunk: bounds the Python objects alive at once
