@@ -9,7 +9,8 @@ instant on the wall clock. Strings are ids into StringIds.
 Rows, named and laid out as the Kineto reader names them (so both formats feed the analysis the
 same events): CUPTI_ACTIVITY_KIND_KERNEL on `stream N` (`device D stream N` when a process drives
 several GPUs), MEMCPY (`Memcpy HtoD (Pinned -> Device)`, as CUPTI names them) and MEMSET, the
-CUDA runtime calls on `thread TID NAME` with their correlation ids (a device row's launch),
+CUDA runtime calls on `thread TID NAME` with their correlation ids (a device row's launch; named
+without nsys's `_v7000` suffix),
 SYNCHRONIZATION as `cuda_sync` waits (`Stream Wait Event`, `Event Sync`, `Stream Sync`,
 `Context Sync`, told by the runtime call sharing the correlation id, else by which of stream and
 event the record names), NVTX ranges as markers. A wait on an event names the record it waited
@@ -89,6 +90,7 @@ _MEMORY_KINDS = {1: "Pageable", 2: "Pinned", 3: "Device", 4: "Array", 5: "Manage
 _SYNC_CALLS = (("StreamWaitEvent", "Stream Wait Event"), ("EventSynchronize", "Event Sync"),
                ("StreamSynchronize", "Stream Sync"), ("CtxSynchronize", "Context Sync"),
                ("DeviceSynchronize", "Context Sync"))
+_API_VERSION = r"_v\d+$"  # nsys names runtime calls by their CUPTI id: cudaLaunchKernel_v7000
 _STEP = re.compile(r"^ProfilerStep#(\d{1,9})$")
 _STEP_LIKE = re.compile(r"^(?:iteration|train_step|training_step|step)[ _#:=-]*(\d{1,9})$", re.I)
 _COMM_KEY, _PEER_KEY, _SIZE_KEY = "NCCL communicator ID", "Peer rank", "Message size [bytes]"
@@ -341,9 +343,10 @@ def _copies(db: Database, pid: int) -> pd.DataFrame:
 def _runtime(db: Database, pid: int) -> pd.DataFrame:
     if not db.has(RUNTIME, "start", "end", "globalTid", "correlationId", "nameId"):
         return pd.DataFrame(columns=["start", "end", "globalTid", "correlation", "name"])
-    return db.query(f"SELECT r.start, r.end, r.globalTid, r.correlationId AS correlation, "
+    rows = db.query(f"SELECT r.start, r.end, r.globalTid, r.correlationId AS correlation, "
                     f"COALESCE(s.value, '') AS name FROM {RUNTIME} r LEFT JOIN StringIds s "
                     f"ON s.id = r.nameId WHERE {_same_process('r.globalTid')}", (pid,))
+    return rows.assign(name=rows["name"].str.replace(_API_VERSION, "", regex=True))
 
 
 def _syncs(db: Database, pid: int, calls: pd.DataFrame) -> pd.DataFrame:
