@@ -121,6 +121,13 @@ class Format:
     encloses: Callable[[str], bool] = _never  # by its path, the member lies in one of its profiles
     split: Callable[[RankFiles, Reader], list[RankFiles]] | None = None  # a profile holding
     # several ranks (an export of a node's processes) -> one profile per rank, reading it
+    profiler: str = ""  # how users name its profiles ("Nsight Systems"); "" for the name's first
+    # word ("ascend_db" -> "Ascend")
+
+    @property
+    def family(self) -> str:
+        """How users name this format's profiles, in messages."""
+        return self.profiler or self.name.partition("_")[0].capitalize()
 
 
 def name_rank(name: str) -> int | None:

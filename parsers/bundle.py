@@ -86,8 +86,9 @@ def open_bundle(path: str | Path, limits: Limits | None = None) -> Bundle:
 
 
 def _nothing_found(path: Path, warnings: list[str]) -> TraceError:
-    families = dict.fromkeys(fmt.name.partition("_")[0].capitalize() for fmt in formats.FORMATS)
-    kinds = " or ".join(families)
+    families = list(dict.fromkeys(fmt.family for fmt in formats.FORMATS))
+    kinds = " or ".join(families) if len(families) < 3 else (
+        f"{', '.join(families[:-1])} or {families[-1]}")
     looked_for = ", ".join(fmt.looked_for for fmt in formats.FORMATS if fmt.looked_for)
     why = "".join(f"; {w}" for w in warnings[:1]) + (
         f" (and {len(warnings) - 1} more)" if len(warnings) > 1 else "")

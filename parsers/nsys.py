@@ -754,4 +754,4 @@ def _gpu(db: Database, device: int) -> tuple[str, int]:
 # --- registration (parsers.formats) ----------------------------------------------------------
 FORMAT = Format(name=NAME, looked_for="Nsight Systems *.sqlite / *.nsys-sqlite exports",
                 parse=parse, wants=wants, sniff=sniff, suffixes=(*SUFFIXES, REPORT), find=find,
-                split=split)
+                split=split, profiler="Nsight Systems")

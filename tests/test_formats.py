@@ -122,8 +122,7 @@ def test_registered_alone_each_format_finds_only_its_own(monkeypatch, fmt):
     assert {p.format for p in found} == {fmt.name}
     assert [p.rank for p in found] == {"kineto": [0, 1, 2, 3], "nsys": [None, None]}.get(
         fmt.name, [0, 1])  # the real nsys exports state no rank
-    family = fmt.name.partition("_")[0].capitalize()  # the database format is Ascend's too
-    with pytest.raises(TraceError, match=f"no {family} profile found"):
+    with pytest.raises(TraceError, match=f"no {fmt.family} profile found"):
         open_bundle(real(other))
 
 

@@ -447,7 +447,7 @@ def flood(path: Path, members: int) -> Path:
 def test_a_member_flood_is_refused_at_the_limit(tmp_path: Path) -> None:
     with pytest.raises(TraceError, match=r"more than 1000 members \(limit max_members\)"):
         open_bundle(flood(tmp_path / "f.tar", 1001), Limits(max_members=1000))
-    with pytest.raises(TraceError, match="no Ascend or Kineto profile found"):
+    with pytest.raises(TraceError, match="no Ascend, Kineto or Nsight Systems profile found"):
         open_bundle(flood(tmp_path / "g.tar", 1000), Limits(max_members=1000))
 
 
