@@ -64,7 +64,7 @@ from parsers.base import (
 from parsers.classify import P2P_COMMS, comm_kind, comm_type
 from parsers.intervals import cover
 from parsers.sqlite_file import Database
-from parsers.values import LABEL_LIMIT, capped, cut, rank_id, texts, to_int
+from parsers.values import LABEL_LIMIT, UNREADABLE, capped, cut, rank_id, texts, to_int
 from tracegraph import schema
 from tracegraph.schema import NO_INT
 
@@ -100,6 +100,7 @@ _ENV_RANKS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")
 
 # --- discovery -------------------------------------------------------------------------------
 def wants(name: str) -> bool:
+    """Exports and reports, by their names: their first bytes tell which are exports."""
     return name.lower().endswith((*SUFFIXES, REPORT))
 
 
@@ -230,7 +231,8 @@ def _nvtx(db: Database, pid: int) -> pd.DataFrame:
     rows = db.query(
         f"SELECT n.start, n.end, n.eventType, n.globalTid, {text} AS text, {payload} AS payload, "
         f"{domain} AS domain FROM NVTX_EVENTS n{joins} "
-        f"WHERE n.eventType IN (59, 60, {_DOMAIN}) AND {_same_process('n.globalTid')}", (pid,))
+        f"WHERE n.eventType IN ({', '.join(map(str, (*_RANGES, _DOMAIN)))}) "
+        f"AND {_same_process('n.globalTid')}", (pid,))
     names = {d: str(t) for d, t, e in zip(rows["domain"], rows["text"], rows["eventType"],
                                           strict=True) if e == _DOMAIN and t is not None}
     rows = rows[rows["eventType"].isin(_RANGES) & rows["end"].notna()]
@@ -268,9 +270,10 @@ class _Comm:
 
 
 def _comm_id(payload: dict) -> str:
+    """A payload's communicator id as the group id ("0x…", NCCL's commHash), else ""."""
     value = payload.get(_COMM_KEY)
-    number = value if isinstance(value, int) else rank_id(value) if value is not None else None
-    return f"0x{number:x}" if isinstance(number, int) and number >= 0 else ""
+    number = value if isinstance(value, int) and not isinstance(value, bool) else _int(value)
+    return f"0x{number:x}" if number >= 0 else ""
 
 
 def _communicators(nvtx: pd.DataFrame) -> dict[str, _Comm]:
@@ -398,7 +401,8 @@ def _records(db: Database, pid: int, syncs: pd.DataFrame, by_sync_id: bool
         found = syncs[["sync_id"]].merge(records.drop_duplicates("sync_id"), on="sync_id",
                                          how="left")
     else:
-        left = syncs[["correlation", "event"]].assign(row=np.arange(len(syncs)))
+        left = syncs[["correlation", "event"]].fillna(NO_INT).assign(row=np.arange(len(syncs)))
+        records = records.dropna(subset=["correlation", "event"])
         found = pd.merge_asof(left.sort_values("correlation"),
                               records.sort_values("correlation").rename(
                                   columns={"correlation": "recorded"}),
@@ -438,6 +442,7 @@ def _threads(db: Database, pid: int) -> dict[int, str]:
 
 
 def _thread_lanes(global_tids: pd.Series, names: dict[int, str]) -> pd.Series:
+    """`thread TID NAME` of each row's thread (each distinct thread formatted once)."""
     def lane(gtid: int) -> str:
         name = names.get(gtid, "")
         return f"thread {gtid & _LOW_24} {name}" if name else f"thread {gtid & _LOW_24}"
@@ -616,11 +621,17 @@ def _table(r: _Rank, threads: dict[int, str]) -> tuple[pa.Table, pd.DataFrame]:
     marker = {"lane": _thread_lanes(marks["globalTid"], threads), "lane_kind": schema.THREAD,
               "kind": schema.MARKER, "task_type": "nvtx", "name": marks["name"],
               "step": marks["step"]}
-    frames = [pd.DataFrame({**columns, "start_ns": rows["start"], "dur_ns": rows["end"]
-                            - rows["start"], "correlation": rows.get("correlation")})
+    frames = [pd.DataFrame({**columns, "start_ns": rows["start"], "dur_ns": _durations(rows),
+                            "correlation": rows.get("correlation")})
               for columns, rows in ((device, r.device), (host, r.host), (marker, marks))]
     frame = pd.concat([f for f in frames if len(f)] or frames[:1], ignore_index=True)
     return _events(frame, r.rank), nccl
+
+
+def _durations(rows: pd.DataFrame) -> np.ndarray:
+    start, end = rows["start"].to_numpy(np.int64), rows["end"].to_numpy(np.int64)
+    unread = (start == UNREADABLE) | (end == UNREADABLE)
+    return np.where(unread, UNREADABLE, end - np.where(unread, 0, start))
 
 
 def _events(frame: pd.DataFrame, rank: int) -> pa.Table:
@@ -662,9 +673,11 @@ _DEVICE_COLUMNS = ["start", "end", "device", "stream", "correlation", "name", "t
 
 
 def _on_clock(rows: pd.DataFrame, base: int) -> pd.DataFrame:
-    """`rows` with start / end moved from ns since the capture began onto the wall clock."""
-    return rows.assign(start=rows["start"].astype(np.int64) + base,
-                       end=rows["end"].astype(np.int64) + base)
+    """`rows` with start / end moved from ns since the capture began onto the wall clock (a
+    time that does not read stays UNREADABLE: validation drops its row)."""
+    times = {c: pd.to_numeric(rows[c], errors="coerce") for c in ("start", "end")}
+    return rows.assign(**{c: (t + base).fillna(UNREADABLE).astype(np.int64)
+                          for c, t in times.items()})
 
 
 def _process(files: RankFiles, db: Database) -> int:

@@ -351,7 +351,8 @@ def test_a_newline_in_a_name_keeps_the_error_on_one_line(tmp_path: Path) -> None
     bundle.mkdir()
     code, _, err = cli("analyze", bundle, "--no-cache")
     assert code == 2
-    assert one_error(err).startswith(f"error: {tmp_path}/a\\nb: no Ascend or Kineto profile")
+    assert one_error(err).startswith(
+        f"error: {tmp_path}/a\\nb: no Ascend, Kineto or Nsight Systems profile")
     (bundle / "rank0\n.json").write_text('{"traceEvents": [')
     code, _, err = cli("analyze", bundle, "--no-cache")
     assert code == 2
