@@ -16,7 +16,8 @@ def simulate_command(
                                             "ep-a2a-overlap, ep-a2a-serialized, "
                                             "pp-compute-straggler, pp-compute-healthy, large")],
     output: Annotated[Path, typer.Option("-o", "--output", help="OUT.tar.gz")],
-    fmt: Annotated[str, typer.Option("--format", help="ascend (MindSpore msprof) or kineto")
+    fmt: Annotated[str, typer.Option("--format", help="ascend (MindSpore msprof), kineto or nsys "
+                                     "(Nsight Systems SQLite exports, one per node)")
                    ] = "ascend",
     layout: Annotated[str, typer.Option(
         help="text (trace_view.json and friends) or db (ascend only: the profiler's .db export)")
@@ -41,8 +42,8 @@ def simulate_command(
 
     @friendly_errors
     def run() -> None:
-        if fmt not in ("ascend", "kineto"):
-            raise TraceError(f"--format {fmt}: must be ascend or kineto")
+        if fmt not in ("ascend", "kineto", "nsys"):
+            raise TraceError(f"--format {fmt}: must be ascend, kineto or nsys")
         if layout not in ("text", "db") or (layout == "db" and fmt != "ascend"):
             raise TraceError(f"--layout {layout}: must be text, or db with --format ascend")
         try:

@@ -187,14 +187,17 @@ def sources(bundle: Bundle, todo: list[tuple[RankFiles, str]]
         for profile, key in todo:
             yield profile, key, bundle.read
         return
-    owner = {m: (p, k) for p, k in todo for m in p.files.values()}
+    owners: dict[str, list[tuple[RankFiles, str]]] = {}  # a member may hold several ranks
+    for p, k in todo:
+        for m in set(p.files.values()):
+            owners.setdefault(m, []).append((p, k))
     contents: dict[str, dict[str, bytes]] = {p.root: {} for p, _ in todo}
-    for member, data in bundle.stream(set(owner)):
-        profile, key = owner[member]
-        got = contents[profile.root]
-        got[member] = data
-        if len(got) == len(profile.files):
-            yield profile, key, _Streamed(contents.pop(profile.root))
+    for member, data in bundle.stream(set(owners)):
+        for profile, key in owners[member]:
+            got = contents[profile.root]
+            got[member] = data
+            if len(got) == len(set(profile.files.values())):
+                yield profile, key, _Streamed(contents.pop(profile.root))
     for profile, key in todo:  # members the archive did not deliver in full
         if profile.root in contents:
             yield profile, key, _Streamed(contents.pop(profile.root))
