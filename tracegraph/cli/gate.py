@@ -121,9 +121,9 @@ def diff_command(
 
     Step time, bubble time by root cause, critical path, communication overlap, the chains that
     disappeared, shrank, grew or appeared, and the checks of --rules / --preset (docs/ci.md).
-    Give several runs per side (--before A1 --before A2 … --after B1 …) and the step time, each
-    cause's bubble time and each chain carry a confidence interval and a p-value: a change inside
-    the run-to-run noise is reported as such and fails nothing.
+
+    With several runs per side (--before, --after, repeated) each change carries a confidence
+    interval and a p-value; a change inside the run-to-run noise fails nothing.
     """
 
     sides = {"before": [*([before] if before else []), *(before_runs or [])],
