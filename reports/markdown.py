@@ -158,7 +158,7 @@ def spread_cells(change: dict[str, object], estimated: bool) -> list[str]:
     if not estimated or change["interval_ms"] is None:
         return []
     low, high = change["interval_ms"]
-    noise = "" if change["significant"] else " (noise)"
+    noise = "" if change["significant"] or not change["change_ms"] else " (noise)"
     return [f"{low:+,.3f} … {high:+,.3f}", f"{p_value(change['p_value'])}{noise}"]
 
 

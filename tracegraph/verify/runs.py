@@ -86,6 +86,7 @@ class Side:
     def __init__(self, runs: list[Run], steps: int):
         self.runs = [run.first(steps) for run in runs]
         self.steps = steps
+        self._sums: dict[tuple, dict[object, np.ndarray]] = {}
         self._examples: dict[ChainKey, dict[str, object]] = {}
         for index, run in enumerate(self.runs, 1):
             for example in run.examples:
@@ -105,19 +106,24 @@ class Side:
         """Each value of the `by` columns of a per-step table (a tuple for several columns; None
         for none) -> runs × steps of `value` summed over the other rows of its step (0 where a
         step has none)."""
-        shape = (len(self.runs), self.steps)
-        rows = pd.concat([_placed(getattr(run, table), run, i) for i, run in enumerate(self.runs)],
-                         ignore_index=True)
+        key = (table, by, value)
+        if key not in self._sums:
+            self._sums[key] = self._summed(table, by, value)
+        return self._sums[key]
+
+    def _summed(self, table: str, by: tuple[str, ...], value: str) -> dict[object, np.ndarray]:
+        rows = pd.concat([_placed(getattr(run, table), run, i * self.steps, [*by, value])
+                          for i, run in enumerate(self.runs)], ignore_index=True)
+        cells = len(self.runs) * self.steps
         if not by:
-            rows = rows.assign(_all=0)
-        if rows.empty:
-            return {} if by else {None: np.zeros(shape)}
-        pivot = rows.pivot_table(index=list(by) or ["_all"], columns=["_run", "_at"],
-                                 values=value, aggfunc="sum", fill_value=0.0, observed=True)
-        grid = pd.MultiIndex.from_product([range(shape[0]), range(shape[1])])
-        cube = pivot.reindex(columns=grid, fill_value=0.0).to_numpy(dtype=float)
-        keys = pivot.index if by else [None]
-        return dict(zip(keys, cube.reshape(-1, *shape), strict=True))
+            return {None: np.bincount(rows["_cell"], rows[value], cells).reshape(
+                len(self.runs), self.steps)}
+        codes, names = pd.MultiIndex.from_frame(rows[list(by)]).factorize()
+        cube = np.zeros((len(names), cells))
+        np.add.at(cube, (codes, rows["_cell"].to_numpy()), rows[value].to_numpy(dtype=float))
+        keys = [k if len(by) > 1 else k[0] for k in names.tolist()]
+        order = sorted(range(len(keys)), key=lambda i: keys[i])
+        return {keys[i]: cube[i].reshape(len(self.runs), self.steps) for i in order}
 
     def chains(self) -> dict[ChainKey, np.ndarray]:
         """Each chain -> runs × steps of its ms."""
@@ -128,8 +134,11 @@ class Side:
         return self._examples.get(key)
 
 
-def _placed(table: pd.DataFrame, run: Run, index: int) -> pd.DataFrame:
-    """The rows of a run's per-step table with the run's index and each step's position in the
-    run (rows of a step the run does not hold dropped)."""
-    at = table["step"].map({step: i for i, step in enumerate(run.step_numbers)})
-    return table[at.notna()].assign(_run=index, _at=at[at.notna()].astype(int))
+def _placed(table: pd.DataFrame, run: Run, first: int, columns: list[str]) -> pd.DataFrame:
+    """`columns` of the rows of a run's per-step table whose step the run holds, with `_cell`:
+    the step's position in the run, plus `first`."""
+    steps, step = np.asarray(run.step_numbers, dtype=np.int64), table["step"].to_numpy()
+    at = np.searchsorted(steps, step)
+    held = np.isin(step, steps)
+    return pd.DataFrame({**{c: table[c].to_numpy()[held] for c in columns},
+                         "_cell": first + at[held]})

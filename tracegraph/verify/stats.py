@@ -12,7 +12,8 @@ The change is after's centre minus before's, and with at least two runs on each 
   too narrow (at 95 %, healthy against healthy runs of the simulator excluded zero in 32 % of
   draws at 2 runs per side, 17 % at 3), so it is widened as a t interval would be: each side's
   draws by √(n/(n−1)), the change's by t(n_before + n_after − 2) over the normal quantile
-  (then 6-7 % at 2 and 3 runs, 3 % at 5; bench/README.md);
+  (then healthy runs are called significant in 3-5 % of draws at 2, 3 and 5 runs per side:
+  bench/README.md);
 - the two-sided p-value of a Mann-Whitney U test on the pooled steps of the two sides.
 It is *significant* when the interval excludes zero and the p-value is below 1 - confidence; a
 change that is not is inside the noise. With one run on a side there is no noise estimate: the
@@ -38,12 +39,16 @@ Statistic = Callable[[np.ndarray], np.ndarray]
 
 
 def pooled_median(values: np.ndarray) -> np.ndarray:
-    """The median of every step of every run."""
+    """The median of every step of every run (nan without steps)."""
+    if not values.shape[-1]:
+        return np.full(values.shape[:-2], np.nan)
     return np.median(values.reshape(*values.shape[:-2], -1), axis=-1)
 
 
 def median_of_means(values: np.ndarray) -> np.ndarray:
-    """Each run's mean per step, their median over the runs."""
+    """Each run's mean per step, their median over the runs (nan without steps)."""
+    if not values.shape[-1]:
+        return np.full(values.shape[:-2], np.nan)
     return np.median(values.mean(axis=-1), axis=-1)
 
 
@@ -86,7 +91,7 @@ def measure(before: np.ndarray, after: np.ndarray, statistic: Statistic,
             confidence: float) -> Change:
     """The change of `statistic` from `before` to `after` (each runs × steps)."""
     old, new = float(statistic(before)), float(statistic(after))
-    if min(len(before), len(after)) < MIN_RUNS:
+    if min(len(before), len(after)) < MIN_RUNS or not math.isfinite(old + new):
         return Change(old, new, confidence)
     rng = np.random.default_rng(SEED)
     drawn_old = widened(statistic(resample(before, rng)), old, len(before))
