@@ -226,7 +226,8 @@ class Gate(NamedTuple):
 
 class Profiled:
     """One run of a diff: its bundle loaded, its numbers (cached beside the analysis), and its
-    analysis, read only when something needs it (checks, the HTML, a prediction)."""
+    analysis, read only when something needs it (checks, the HTML, a prediction) and let go
+    after the numbers and the checks: one run's analysis in memory at a time."""
 
     def __init__(self, path: Path, source: Source, client: object):
         from tracegraph.cli.common import load_bundle, remember
@@ -239,6 +240,15 @@ class Profiled:
         run = remember(self.trace, source.cache_dir, source.no_cache, "diff-run",
                        {"threshold_ms": source.threshold_ms}, lambda: run_of(self.analysis))
         self.run = replace(run, source=printable(str(self.trace.source)))
+        self._analysis = None
+
+    def checked(self, rules: list) -> list:
+        """The checks of `rules` on this run (its analysis let go after)."""
+        from tracegraph.verify.checks import evaluate
+
+        results = evaluate(rules, self.analysis)
+        self._analysis = None
+        return results
 
     @property
     def analysis(self) -> Analysis:
@@ -306,9 +316,9 @@ def _checks(rules: list, runs: dict[str, list[Profiled]]) -> list[dict[str, obje
     """Each check on both sides, each side's runs taken together (`checks.across_runs`)."""
     if not rules:
         return []
-    from tracegraph.verify.checks import across_runs, evaluate
+    from tracegraph.verify.checks import across_runs
 
-    results = {side: [evaluate(rules, r.analysis) for r in found] for side, found in runs.items()}
+    results = {side: [r.checked(rules) for r in found] for side, found in runs.items()}
     merged = {side: [across_runs(list(per_rule)) for per_rule in zip(*found, strict=True)]
               for side, found in results.items()}
     return [{"name": b.name, "rule": b.rule, "before": b.as_dict(), "after": a.as_dict()}
