@@ -23,6 +23,9 @@ def simulate_command(
         help="text (trace_view.json and friends) or db (ascend only: the profiler's .db export)")
     ] = "text",
     seed: Annotated[int, typer.Option(help="Noise seed; same seed, same bytes.")] = 0,
+    jitter: Annotated[float | None, typer.Option(
+        help="Run-to-run and step-to-step variation of compute speed, as on a real cluster "
+             "(log-normal sigma: 0.01 is about 1 %; default none).")] = None,
     ranks: Annotated[int | None, typer.Option(help="Profiled ranks.")] = None,
     pp: Annotated[int | None, typer.Option(help="Pipeline stages.")] = None,
     vpp: Annotated[int | None, typer.Option(help="Virtual stages (chunks) per rank.")] = None,
@@ -37,7 +40,8 @@ def simulate_command(
 
     overrides = {k: v for k, v in {"ranks": ranks, "pp": pp, "vpp": vpp,
                                    "microbatches": microbatches, "steps": steps,
-                                   "kernels_per_chunk": kernels_per_chunk}.items()
+                                   "kernels_per_chunk": kernels_per_chunk,
+                                   "jitter": jitter}.items()
                  if v is not None}
 
     @friendly_errors
