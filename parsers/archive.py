@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import bz2
 import gzip
-import hashlib
 import io
 import lzma
 import os
@@ -24,12 +23,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, TypeVar
 
+import blake3
+
 from parsers.base import TraceError
 
 T = TypeVar("T")
 
 HEAD_BYTES = 64 << 10  # what discovery sniffs of a member, decompressed
 _CHUNK = 8 << 20
+_HASH_CHUNK = 1 << 20
 TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz")
 ARCHIVE_SUFFIXES = (*TAR_SUFFIXES, ".zip")
 _DRIVE = re.compile(r"^[A-Za-z]:")
@@ -173,6 +175,7 @@ class Source:
         self.path, self.limits = path, limits
         self.members: dict[str, object] = {}  # name -> handle of the concrete source
         self.warnings: list[str] = []
+        self._digest: str | None = None
 
     # -- listing -------------------------------------------------------------------------------
     def scan(self, want: Callable[[str], bool], probe: Callable[[str, bytes], T]) -> dict[str, T]:
@@ -202,12 +205,13 @@ class Source:
         return ((name, self.read(name)) for name in self.members if name in names)
 
     def fingerprint(self, names: Iterable[str]) -> str:
-        """A digest of the members' identity (size, time, checksum) and of the archive's."""
+        """A digest of the members' bytes (of the archive's, for an archive) and names: any
+        change to what they hold is another digest, whatever their sizes and times say."""
         names = sorted(set(names))
         self._require(names)
-        digest = hashlib.sha256(repr(self._stamp_all()).encode())
+        digest = blake3.blake3()
         for name in names:
-            digest.update(repr((name, self._stamp(name))).encode())
+            digest.update(f"{name}\0{self._content(name)}\0".encode("utf-8", "surrogatepass"))
         return digest.hexdigest()
 
     def close(self) -> None:
@@ -220,12 +224,11 @@ class Source:
     def _open(self, name: str) -> BinaryIO:
         raise NotImplementedError
 
-    def _stamp(self, name: str) -> tuple:
-        raise NotImplementedError
-
-    def _stamp_all(self) -> tuple:
-        st = self.path.stat()
-        return st.st_size, st.st_mtime_ns
+    def _content(self, name: str) -> str:
+        """The digest of what holds member `name`: the archive's bytes, read once."""
+        if self._digest is None:
+            self._digest = content_digest(self.path)
+        return self._digest
 
     def _head(self, name: str) -> bytes:
         with self._opened(name) as raw:
@@ -288,6 +291,18 @@ def _file_size(reader: BinaryIO) -> int | None:
     return status.st_size if stat.S_ISREG(status.st_mode) else None
 
 
+def content_digest(path: Path) -> str:
+    """BLAKE3 of a file's bytes, read in chunks (about 3 GB/s: a tenth of a second for the
+    350 MB of an 8-rank bundle, against seconds to parse it)."""
+    digest = blake3.blake3()
+    buffer = bytearray(_HASH_CHUNK)
+    view = memoryview(buffer)
+    with open(path, "rb", buffering=0) as raw:
+        while size := raw.readinto(buffer):
+            digest.update(view[:size])
+    return digest.hexdigest()
+
+
 class DirSource(Source):
     """A directory; symlinks are never followed (those leading outside it are reported)."""
 
@@ -334,12 +349,8 @@ class DirSource(Source):
         self._require([name])
         return None if name.endswith(".gz") else self.members[name]  # type: ignore[return-value]
 
-    def _stamp(self, name: str) -> tuple:
-        st = os.stat(self.members[name])  # type: ignore[arg-type]
-        return st.st_size, st.st_mtime_ns
-
-    def _stamp_all(self) -> tuple:
-        return ()
+    def _content(self, name: str) -> str:
+        return content_digest(self.members[name])  # type: ignore[arg-type]
 
 
 class FileSource(DirSource):
@@ -383,10 +394,6 @@ class ZipSource(Source):
     def _open(self, name: str) -> BinaryIO:
         return self._zip.open(self.members[name])  # type: ignore[arg-type,return-value]
 
-    def _stamp(self, name: str) -> tuple:
-        info: zipfile.ZipInfo = self.members[name]  # type: ignore[assignment]
-        return info.CRC, info.file_size, info.compress_size
-
     def close(self) -> None:
         self._zip.close()
 
@@ -399,8 +406,8 @@ class TarSource(Source):
     def scan(self, want: Callable[[str], bool], probe: Callable[[str, bytes], T]) -> dict[str, T]:
         """One pass: list the members, probing the heads of those `want` selects."""
         found = {}
-        for name, info, data in self._pass():
-            self._add(name, (info.size, info.mtime, info.chksum))
+        for name, _, data in self._pass():
+            self._add(name, None)
             if want(name):
                 found[name] = probe(name, self._decode(name, data, head=True))
         return found
@@ -418,9 +425,6 @@ class TarSource(Source):
         self._require(names)
         return ((name, self._decode(name, data)) for name, _, data in self._pass()
                 if name in names)
-
-    def _stamp(self, name: str) -> tuple:
-        return self.members[name]  # type: ignore[return-value]
 
     def _pass(self) -> Iterator[tuple[str, tarfile.TarInfo, _Slice]]:
         """Each regular member once, checked, with a reader of its data."""

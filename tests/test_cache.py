@@ -11,6 +11,7 @@ from parsers import parse_rank
 from parsers.bundle import open_bundle
 from tracegraph import schema
 from tracegraph.loading import cache
+from tracegraph.loading.cachedir import CacheDir
 from tracegraph.loading.trace import events_frame
 
 GLOO = "kineto/gloo_pp2_dp2"
@@ -23,9 +24,9 @@ def _rank0(real: Path):
 
 def test_entry_round_trips(real: Path, cache_dir: Path) -> None:
     parsed = _rank0(real)
-    cache.store(cache_dir, "k", parsed)
+    assert cache.store(CacheDir(cache_dir), "k", parsed)
     assert (cache_dir / "k" / cache.EVENTS_FILE).is_file()
-    back = cache.load_cached(cache_dir, "k")
+    back = cache.load_cached(CacheDir(cache_dir), "k")
     assert back.events.schema.equals(schema.IN_MEMORY_EVENTS)
     assert back.events.equals(schema.in_memory(parsed.events))
     assert back.events.cast(schema.EVENTS).equals(parsed.events)
@@ -34,10 +35,11 @@ def test_entry_round_trips(real: Path, cache_dir: Path) -> None:
 
 
 def test_damaged_entry_is_a_miss(real: Path, cache_dir: Path) -> None:
-    cache.store(cache_dir, "k", _rank0(real))
+    folder = CacheDir(cache_dir)
+    cache.store(folder, "k", _rank0(real))
     (cache_dir / "k" / cache.EVENTS_FILE).write_bytes(b"not arrow")
-    assert cache.load_cached(cache_dir, "k") is None
-    assert cache.load_cached(cache_dir, "absent") is None
+    assert cache.load_cached(folder, "k") is None
+    assert cache.load_cached(folder, "absent") is None
 
 
 def test_warm_load_equals_cold(real: Path, cache_dir: Path) -> None:
