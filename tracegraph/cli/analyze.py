@@ -21,7 +21,16 @@ from tracegraph.cli.common import (
     remember,
     warn,
 )
-from tracegraph.cli.options import Bundle, CacheDir, Dask, Jobs, NoCache, RankMap, ThresholdMs
+from tracegraph.cli.options import (
+    Bundle,
+    CacheDir,
+    CacheSize,
+    Dask,
+    Jobs,
+    NoCache,
+    RankMap,
+    ThresholdMs,
+)
 
 if TYPE_CHECKING:
     from tracegraph.analysis.analyze import Analysis
@@ -34,6 +43,7 @@ def analyze_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
     cache_dir: CacheDir = None,
     no_cache: NoCache = False,
+    cache_size: CacheSize = None,  # sets the command's cap (its callback)
     jobs: Jobs = None,
     rank_map: RankMap = None,
     dask: Dask = None,

@@ -111,16 +111,23 @@ def cache_folder(cache_dir: Path | None, no_cache: bool) -> CacheDir | None:
     command, so that a fault is said once and the size cap counts every entry it writes."""
     if no_cache:
         return None
-    from tracegraph.loading.cachedir import SIZE_ENV, CacheDir, default_cache_dir, default_limit
+    from tracegraph.loading.cachedir import CacheDir, default_cache_dir
 
     root = cache_dir or default_cache_dir()
     if root not in _COMMAND.caches:
-        try:
-            limit = _COMMAND.limit or default_limit()
-        except ValueError as error:
-            raise TraceError(f"{SIZE_ENV}: {error}") from None
-        _COMMAND.caches[root] = CacheDir(root, limit, warn)
+        _COMMAND.caches[root] = CacheDir(root, cache_limit(), warn)
     return _COMMAND.caches[root]
+
+
+def cache_limit() -> int:
+    """The command's cap on the cache folder: --cache-size, else $TRACEGRAPH_CACHE_SIZE, else
+    the default."""
+    from tracegraph.loading.cachedir import SIZE_ENV, default_limit
+
+    try:
+        return _COMMAND.limit or default_limit()
+    except ValueError as error:
+        raise TraceError(f"${SIZE_ENV}: {error}") from None
 
 
 class _Command:

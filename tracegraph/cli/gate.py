@@ -37,6 +37,7 @@ from tracegraph.cli.common import Source, friendly_errors, inputs_exist, print_j
 from tracegraph.cli.options import (
     Bundle,
     CacheDir,
+    CacheSize,
     Dask,
     Jobs,
     NoCache,
@@ -87,6 +88,7 @@ def diff_command(
     threshold_ms: ThresholdMs = 1.0,
     cache_dir: CacheDir = None,
     no_cache: NoCache = False,
+    cache_size: CacheSize = None,  # sets the command's cap (its callback)
     jobs: Jobs = None,
     rank_map: RankMap = None,
     dask: Dask = None,
@@ -119,6 +121,7 @@ def check_command(
     threshold_ms: ThresholdMs = 1.0,
     cache_dir: CacheDir = None,
     no_cache: NoCache = False,
+    cache_size: CacheSize = None,  # sets the command's cap (its callback)
     jobs: Jobs = None,
     rank_map: RankMap = None,
     dask: Dask = None,

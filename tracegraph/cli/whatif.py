@@ -14,7 +14,16 @@ import typer
 
 from parsers.base import TraceError
 from tracegraph.cli.common import Source, friendly_errors, inputs_exist, out, print_json
-from tracegraph.cli.options import Bundle, CacheDir, Dask, Jobs, NoCache, RankMap, ThresholdMs
+from tracegraph.cli.options import (
+    Bundle,
+    CacheDir,
+    CacheSize,
+    Dask,
+    Jobs,
+    NoCache,
+    RankMap,
+    ThresholdMs,
+)
 
 EXIT_REFUSED = 1
 Fix = Annotated[list[str] | None, typer.Option(
@@ -45,6 +54,7 @@ def whatif_command(
     threshold_ms: ThresholdMs = 1.0,
     cache_dir: CacheDir = None,
     no_cache: NoCache = False,
+    cache_size: CacheSize = None,  # sets the command's cap (its callback)
     jobs: Jobs = None,
     rank_map: RankMap = None,
     dask: Dask = None,

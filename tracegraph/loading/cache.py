@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -85,14 +86,14 @@ def _read_memory(path: Path) -> pa.Table | None:
     """An entry's memory table, None when the rank had none (no file)."""
     if not path.exists():
         return None
-    with pa.memory_map(str(path)) as source:
+    with pa.memory_map(os.fsencode(path)) as source:
         return pa.ipc.open_file(source).read_all()
 
 
 def read_events(path: Path) -> pa.Table:
     """The table of an entry, its buffers pointing into the memory-mapped file (the map lives
     as long as they do; entries are never rewritten in place)."""
-    with pa.memory_map(str(path)) as source:
+    with pa.memory_map(os.fsencode(path)) as source:
         table = pa.ipc.open_file(source).read_all()
     if table.schema.names != schema.IN_MEMORY_EVENTS.names:
         raise ValueError(f"{path.name}: not an events table")
@@ -135,5 +136,5 @@ def write_events(table: pa.Table, path: Path) -> None:
 
 
 def _write(table: pa.Table, path: Path) -> None:
-    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+    with pa.OSFile(os.fsencode(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
         writer.write_table(table)
