@@ -32,9 +32,11 @@ T = TypeVar("T")
 HEAD_BYTES = 64 << 10  # what discovery sniffs of a member, decompressed
 _CHUNK = 8 << 20
 _HASH_CHUNK = 1 << 20
+_TAIL_BYTES = 64 << 20  # what is read past a tar's end to check its compressed stream
 TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz")
 ARCHIVE_SUFFIXES = (*TAR_SUFFIXES, ".zip")
 _DRIVE = re.compile(r"^[A-Za-z]:")
+_HOME = re.compile(r"^~[^/\\]*[/\\]")  # ~/x, ~user/x: where an extractor may expand it
 _OPENERS: tuple[tuple[bytes, Callable[[BinaryIO], BinaryIO]], ...] = (
     (b"\x1f\x8b", lambda f: gzip.GzipFile(fileobj=f, mode="rb")),
     (b"BZh", bz2.BZ2File),
@@ -95,6 +97,7 @@ def member_name(raw: str, archive: object, limits: Limits) -> str:
     problem = ("absolute path" if raw[:1] in ("/", "\\") else
                "drive letter" if _DRIVE.match(raw) else
                "'..' component" if ".." in parts else
+               "home-relative path" if _HOME.match(raw) else
                "empty name" if not name else "")
     if problem:
         raise TraceError(f"{archive}: unsafe member {raw[:200]!r} ({problem})")
@@ -136,6 +139,25 @@ class _Inflated(io.RawIOBase):
         self.out += len(data)
         self._limits.check_ratio(self.out, self._counted.count, self.where)
         return len(data)
+
+    def drain(self) -> None:
+        """Read on to the stream's end (at most _TAIL_BYTES), so that a stream cut after the
+        data was read, its end marker or checksum missing, is noted `truncated`."""
+        left = _TAIL_BYTES
+        while left > 0 and (data := self.read(min(left, _CHUNK))):
+            left -= len(data)
+
+
+class _Headers(tarfile.TarInfo):
+    """A tar header that notes on its archive (`ended`) the zero block ending a whole tar."""
+
+    @classmethod
+    def fromtarfile(cls, archive: tarfile.TarFile) -> tarfile.TarInfo:
+        try:
+            return super().fromtarfile(archive)
+        except tarfile.EOFHeaderError:
+            archive.ended = True  # type: ignore[attr-defined]
+            raise
 
 
 class _Slice(io.RawIOBase):
@@ -380,6 +402,9 @@ class ZipSource(Source):
             if kind:
                 raise TraceError(f"{self._where(info.filename)}: {kind} entries are not allowed")
             if info.is_dir():
+                if info.file_size:
+                    self.warn(f"{self._where(name)}/: a folder entry holding {info.file_size} "
+                              "bytes; ignored")
                 continue
             if info.flag_bits & 0x1:
                 raise TraceError(f"{self._where(name)}: encrypted")
@@ -427,12 +452,19 @@ class TarSource(Source):
                 if name in names)
 
     def _pass(self) -> Iterator[tuple[str, tarfile.TarInfo, _Slice]]:
-        """Each regular member once, checked, with a reader of its data."""
+        """Each regular member once, checked, with a reader of its data. A pass that goes
+        through notes a cut: inside a member, before the zero blocks that end a tar, or in the
+        compressed stream after them (its end marker or checksum missing)."""
         with self.path.open("rb") as raw:
             body = self._body(raw)
             try:
-                with tarfile.open(fileobj=body, mode="r|", bufsize=1 << 20) as archive:
+                with tarfile.open(fileobj=body, mode="r|", bufsize=1 << 20,
+                                  tarinfo=_Headers) as archive:
                     cut = yield from self._members(archive, body)
+                    cut = cut or ("" if getattr(archive, "ended", False) else
+                                  " before its end-of-archive blocks")
+                if isinstance(body, _Inflated):
+                    body.drain()
             except (tarfile.TarError, *_DECODE_ERRORS) as exc:
                 raise TraceError(f"{self.path}: not a readable tar archive ({exc})") from None
             if cut or (isinstance(body, _Inflated) and body.truncated):

@@ -62,7 +62,7 @@ def load(
     unless not `use_cache`; its faults are warnings of the trace."""
     with open_bundle(path) as bundle:
         profiles, keys, forced = profiles_of(bundle, rank_map)
-        notes = list(bundle.warnings)
+        notes: list[str] = []
         store = cache_folder or (CacheDir(cache_dir or default_cache_dir(), warn=notes.append)
                                  if use_cache else None)
         with Progress("reading ranks", total=len(profiles), enabled=progress) as bar:
@@ -70,7 +70,8 @@ def load(
                                      jobs, bar.advance, executor, notes))
         for profile, rank in parsed:
             rank.rank = forced.get(profile.root, rank.rank)
-        trace = _merge(Path(printable(str(path))), parsed, profiles, notes)  # shown, not read
+        trace = _merge(Path(printable(str(path))), parsed, profiles,  # the path shown, not read
+                       [*bundle.warnings, *notes])  # the bundle's: after a streamed pass
         trace.fingerprint = cache.bundle_key(keys, forced)
         return trace
 
@@ -273,13 +274,18 @@ def parse_bytes(profile: RankFiles, contents: dict[str, bytes]) -> ParsedRank:
 
 
 def _parse(profile: RankFiles, read: Callable[[str], bytes]) -> ParsedRank:
-    """Parse one rank and put its table in the in-memory form (`schema.in_memory`); TraceError
-    naming it when memory runs out (an address-space limit, a small container)."""
+    """Parse one rank and put its table in the in-memory form (`schema.in_memory`); what
+    reading its members said (a truncated member) becomes its warnings. TraceError naming it
+    when memory runs out (an address-space limit, a small container)."""
+    said = getattr(read, "warnings", [])
+    before = len(said)
     try:
         parsed = parse_rank(profile, read)
         parsed.events = schema.in_memory(parsed.events)
     except MemoryError:
         raise TraceError(f"{profile.root}: out of memory while parsing it") from None
+    parsed.warnings[:0] = said[before:]
+    del said[before:]
     return parsed
 
 
