@@ -10,6 +10,7 @@ import typer
 
 from parsers.base import TraceError
 from parsers.text import printable
+from tracegraph.cli import options
 from tracegraph.cli.common import (
     analysis_of,
     cluster,
@@ -21,7 +22,6 @@ from tracegraph.cli.common import (
 from tracegraph.cli.options import (
     Bundle,
     CacheDir,
-    CacheSize,
     Dask,
     Jobs,
     NoCache,
@@ -46,7 +46,7 @@ def export_command(
         help="FILE.json: the same as Chrome trace-event JSON (chrome://tracing).")] = None,
     cache_dir: CacheDir = None,
     no_cache: NoCache = False,
-    cache_size: CacheSize = None,  # sets the command's cap (its callback)
+    cache_size: options.CacheSize = None,  # sets the command's cap (its callback)
     jobs: Jobs = None,
     rank_map: RankMap = None,
     dask: Dask = None,
@@ -91,7 +91,7 @@ def graph_command(
     output: Annotated[Path, typer.Option("-o", "--output", help="FILE.graphml or FILE.json")],
     cache_dir: CacheDir = None,
     no_cache: NoCache = False,
-    cache_size: CacheSize = None,  # sets the command's cap (its callback)
+    cache_size: options.CacheSize = None,  # sets the command's cap (its callback)
     jobs: Jobs = None,
     rank_map: RankMap = None,
     dask: Dask = None,

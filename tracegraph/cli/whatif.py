@@ -13,17 +13,9 @@ from typing import Annotated
 import typer
 
 from parsers.base import TraceError
+from tracegraph.cli import options
 from tracegraph.cli.common import Source, friendly_errors, inputs_exist, out, print_json
-from tracegraph.cli.options import (
-    Bundle,
-    CacheDir,
-    CacheSize,
-    Dask,
-    Jobs,
-    NoCache,
-    RankMap,
-    ThresholdMs,
-)
+from tracegraph.cli.options import Bundle, CacheDir, Dask, Jobs, NoCache, RankMap, ThresholdMs
 
 EXIT_REFUSED = 1
 Fix = Annotated[list[str] | None, typer.Option(
@@ -54,7 +46,7 @@ def whatif_command(
     threshold_ms: ThresholdMs = 1.0,
     cache_dir: CacheDir = None,
     no_cache: NoCache = False,
-    cache_size: CacheSize = None,  # sets the command's cap (its callback)
+    cache_size: options.CacheSize = None,  # sets the command's cap (its callback)
     jobs: Jobs = None,
     rank_map: RankMap = None,
     dask: Dask = None,
