@@ -137,6 +137,11 @@ class _Command:
         self.caches: dict[Path, CacheDir] = {}
         self.limit: int | None = None
 
+    def begin(self) -> None:
+        """A new command (several run in one process under tests): nothing shared yet."""
+        self.caches.clear()
+        self.limit = None
+
 
 _COMMAND = _Command()
 
@@ -298,4 +303,4 @@ def tolerant_streams() -> None:
     for stream in (sys.stdout, sys.stderr):
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")
-    _COMMAND.__init__()
+    _COMMAND.begin()
