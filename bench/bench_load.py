@@ -4,7 +4,8 @@ Builds large inputs from the real traces in ../shared/real_traces (a real Kineto
 N ranks of ~35 MB each with shifted times; an Ascend trace_view.json scaled up the same way), then
 times, each in a fresh process: `json.load` and `orjson.loads` of the same bytes (one process, one
 file after another: the decode floor), the start-up floor (interpreter + tracegraph's imports),
-tracegraph's cold load (no cache, ranks parsed in parallel), its warm load (from the cache), the
+tracegraph's cold load (no cache, ranks parsed in parallel), its warm load (from the cache) and
+what its cache keys take (a content digest of every rank's bytes, done by every load), the
 full analysis and, given `--hta-python`, Holistic Trace Analysis' `TraceAnalysis(trace_dir=...)`
 on the same Kineto files. Prints wall time, peak memory of the whole process tree (RSS summed,
 which counts the pages forked workers share with their parent once per process; with --pss the
@@ -221,6 +222,19 @@ def tracegraph_code(bundle: Path, cache: Path, analyze: bool, use_cache: bool,
 STARTUP = "import tracegraph.loading.loader; print(0)"
 
 
+def keys_code(bundle: Path) -> str:
+    """The ranks' cache keys (discovery, then a BLAKE3 digest of every rank's bytes); prints
+    the seconds and CPU seconds the digests took after discovery, and the bytes digested."""
+    return ("import time; from parsers.bundle import open_bundle; "
+            "from tracegraph.loading.loader import profiles_of\n"
+            f"bundle = open_bundle({str(bundle)!r})\n"
+            "wall, cpu = time.perf_counter(), time.process_time()\n"
+            "profiles_of(bundle, None)\n"
+            "size = sum(bundle._source.members[m].stat().st_size for p in bundle.profiles "
+            "for m in p.files.values())\n"
+            "print(time.perf_counter() - wall, time.process_time() - cpu, size)")
+
+
 def hta_code(bundle: Path) -> str:
     """HTA's load of every rank under `bundle` (it finds ranks by `"rank": N` in each file)."""
     return ("import logging; logging.disable(logging.CRITICAL)\n"
@@ -294,6 +308,12 @@ def run(fmt: str, args: argparse.Namespace, workdir: Path) -> None:
     warm = table.step("tracegraph load, warm (cache)", tracegraph_code(bundle, cache, False, True))
     table.row("  of which after the imports", Step(float(warm.out.split()[1]), None, warm.rss,
                                                     warm.once, warm.out))
+    keys = measure(keys_code(bundle))
+    key_wall, key_cpu, digested = keys.out.split()
+    table.row("  of which the cache keys", Step(float(key_wall), float(key_cpu), keys.rss,
+                                                  None, keys.out))
+    print(f"{'':<34} (BLAKE3 of {int(digested) / 2**20:.0f} MiB: {float(key_cpu) / cold.cpu:.1%}"
+          f" of the cold load's CPU, {float(key_wall) / warm.wall:.1%} of the warm load's wall)")
     table.step("tracegraph load + analyze, cold",
                tracegraph_code(bundle, workdir / f"cold-{fmt}", True, False))
     table.step("  the same, one process (--jobs 1)",

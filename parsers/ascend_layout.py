@@ -146,7 +146,12 @@ def _profile(root: str, names: list[str], sniffs: dict[str, Sniff],
              notes: list[str]) -> RankFiles | None:
     """One Ascend profile folder's roles and rank; None (with a note) when it holds no data."""
     rel = {name[len(root) + 1:] if root else name: name for name in sorted(names)}
-    info = next((sub for sub in rel if _PROFILER_INFO.match(sub)), None)
+    display = root or "."
+    infos = [sub for sub in rel if _PROFILER_INFO.match(sub)]
+    info = infos[0] if infos else None
+    if len(infos) > 1:
+        notes.append(f"{display}: {len(infos)} profiler_info files ({', '.join(infos)}) in one "
+                     f"profile folder; its rank and settings are read from {info}")
     files = {"info": rel[info]} if info else {}
     if "profiler_metadata.json" in rel:
         files["metadata"] = rel["profiler_metadata.json"]
@@ -157,7 +162,6 @@ def _profile(root: str, names: list[str], sniffs: dict[str, Sniff],
         files |= {"db": db} if db else {}
     else:
         files = _raw_roles(rel) | files
-    display = root or "."
     if not any(role.partition(".")[0] in _DATA_ROLES for role in files):
         notes.append(f"{display}: Ascend profile folder without trace or communication data; "
                      "skipped")

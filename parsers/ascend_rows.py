@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 from parsers.ascend_comm import Side
 from parsers.base import GroupInfo, RankFiles
 from parsers.classify import HcclName, comm_kind, comm_type, double_hash, parse_hccl_name
-from parsers.values import decimal_micros_to_ns, ints, micros_to_ns, to_int
+from parsers.values import decimal_micros_to_ns, ints, micros_to_ns, rank_id, to_int
 from parsers.values import texts as capped_texts
 from tracegraph import schema
 from tracegraph.schema import (
@@ -287,8 +287,11 @@ def peer(ctx: Context, group: str, link: tuple[int, int] | None) -> tuple[int, i
     ranks = sorted(info.ranks) if info else []
     src, dst = link or (NO_INT, NO_INT)
     if len(ranks) == 2 and ctx.rank in ranks:
-        return ranks[1 - ranks.index(ctx.rank)], src, dst
-    return (ranks[dst] if 0 <= dst < len(ranks) else NO_INT), src, dst
+        found = ranks[1 - ranks.index(ctx.rank)]
+    else:
+        found = ranks[dst] if 0 <= dst < len(ranks) else NO_INT
+    return (found if rank_id(found) is not None else NO_INT), src, dst  # 2**64 is no rank:
+    # unknown (`parsers.validate` counts the group's members out of range)
 
 
 def comm_only_frame(ctx: Context) -> pd.DataFrame:

@@ -58,6 +58,8 @@ class MemberReader:
 
     def __init__(self, source: Source) -> None:
         self._source = source
+        self.warnings = source.warnings
+        """What reading said (a truncated member), as the source lists it."""
 
     def __call__(self, member: str) -> bytes:
         return self._source.read(member)

@@ -91,6 +91,7 @@ def micros_to_ns(values: Sequence[object], unit_us: float = 1.0) -> np.ndarray:
     micros = np.where(ok, micros, 0.0)
     whole = np.floor(micros)
     ns = whole.astype(np.int64) * 1000 + np.rint((micros - whole) * 1e3).astype(np.int64)
+    ns = np.where((micros < 0) & (ns == 0), -1, ns)  # -1e-9 µs: negative, as said, not 0
     return np.where(ok, ns, UNREADABLE)
 
 

@@ -24,6 +24,7 @@ import io
 import json
 import os
 import random
+import re
 import resource
 import shutil
 import signal
@@ -158,7 +159,7 @@ def complete(doc: object) -> list[dict]:
 # tell; it returns False when it does not apply to this mutant (another one is drawn).
 BAD_NUMBERS = (2**63, 2**64, -(2**63) - 1, 1e308, -1e308, "1" * 30, "nan", "inf", "-inf",
                "abc", "")
-BAD_TIMES = (*BAD_NUMBERS, None, -1, -5000.5)
+BAD_TIMES = (*BAD_NUMBERS, None, -1, -5000.5, -1e-9, "1.2.3")  # -1e-9 µs: negative, as 0 ns
 
 
 def bad_event_field(rng: random.Random, m: Mutant) -> bool:
@@ -410,8 +411,12 @@ def rank_set(rng: random.Random, m: Mutant) -> bool:
 
 
 def truncate(rng: random.Random, m: Mutant) -> bool:
-    """A trace (or side file) cut short."""
+    """A trace (or side file) cut short; a gzipped one sometimes only by its 8-byte trailer."""
     name = rng.choice(m.traces() + [n for n in m.files if n.endswith("communication.json")])
+    if name.endswith(".gz") and rng.random() < 0.3:
+        m.files[name] = m.files[name][:-rng.choice((4, 8))]
+        m.note(f"{name}: gzip trailer cut", True)
+        return True
     raw = gzip.decompress(m.files[name]) if name.endswith(".gz") else m.files[name]
     end = len(raw.rstrip())
     if end < 4:
@@ -458,8 +463,11 @@ def side_files(rng: random.Random, m: Mutant) -> bool:
     if m.seed.format != "ascend":
         return False
     how = rng.choice(("group ranks", "op start", "op elapse", "csv field", "csv bare cr",
-                      "metadata world size"))
+                      "metadata world size", "huge group rank", "world sizes disagree",
+                      "comm prefix"))
     comm_only = not m.traces()
+    if how in ("huge group rank", "world sizes disagree", "comm prefix"):
+        return _side_damage(rng, m, how)
     if how == "group ranks":
         name = _pick(rng, m, "profiler_metadata.json")
         doc = read_json(m, name) if name else None
@@ -498,9 +506,56 @@ def side_files(rng: random.Random, m: Mutant) -> bool:
         doc = read_json(m, name) if name else None
         if not isinstance(doc, dict):
             return False
-        doc.setdefault("distributed_args", {})["world_size"] = rng.choice((2**40, 0, -1))
+        value = rng.choice((2**40, 0, -1))
+        doc.setdefault("distributed_args", {})["world_size"] = value
         write_json(m, name, doc)
-        m.note(f"{name}: world_size out of range", True)
+        m.note(f"{name}: world_size {value}", value != -1)  # -1: msprof's "not stated"
+    return True
+
+
+def _side_damage(rng: random.Random, m: Mutant, how: str) -> bool:
+    """A group member beyond int64 (a 2-member group's, where P2P peers come from); one rank
+    stating another world size than the rest; bytes before communication.json's JSON."""
+    if how == "comm prefix":
+        name = _pick(rng, m, "communication.json")
+        if not name:
+            return False
+        m.files[name] = rng.choice((b"garbage", b"\xef\xbb\xbf", b"\x00\x01")) + m.files[name]
+        m.note(f"{name}: bytes before its JSON", True)
+        return True
+    names = sorted(n for n in m.files if n.endswith("profiler_metadata.json"))
+    docs = {n: d for n in names if isinstance(d := read_json(m, n), dict)}
+    if not docs:
+        return False
+    name = rng.choice(sorted(docs))
+    doc = docs[name]
+    if how == "world sizes disagree":
+        stated = (doc.get("distributed_args") or {}).get("world_size")
+        doc.setdefault("distributed_args", {})["world_size"] = 2 * (
+            stated if isinstance(stated, int) and stated > 0 else len(m.ranks()) or 1)
+    else:
+        groups = [g for g in (doc.get("parallel_group_info") or {}).values()
+                  if isinstance(g, dict) and g.get("global_ranks")]
+        if not groups:
+            return False
+        pair = [g for g in groups if len(g["global_ranks"]) == 2]
+        entry = rng.choice(pair or groups)
+        entry["global_ranks"] = [*entry["global_ranks"][:-1], rng.choice((2**63, 2**64))]
+    write_json(m, name, doc)
+    m.note(f"{name}: {how}", True)
+    return True
+
+
+def second_info(rng: random.Random, m: Mutant) -> bool:
+    """A second profiler_info_*.json in a rank's profile folder (one copied under another
+    rank's number)."""
+    infos = [n for n in m.files if re.search(r"(^|/)profiler_info_\d+\.json$", n)]
+    if not infos:
+        return False
+    name = rng.choice(infos)
+    other = re.sub(r"_(\d+)\.json$", lambda f: f"_{int(f[1]) + 100}.json", name)
+    m.files[other] = m.files[name]
+    m.note(f"{name}: copied as {other.rsplit('/', 1)[-1]} beside it", True)
     return True
 
 
@@ -531,8 +586,9 @@ def container(rng: random.Random, m: Mutant) -> bool:
     odd_bytes = any(name != os.fsencode(name).decode("utf-8", "replace") for name in m.files)
     m.pack = rng.choice(("tar", "tar.gz") if odd_bytes else ("tar", "tar.gz", "zip"))
     how = rng.choice(("plain", "plain", "cut", "symlink member", "dotdot", "absolute", "deep",
-                      "device", *(() if odd_bytes else ("zip method", "zip directory",
-                                                        "zip utf-8"))))
+                      "device", "end cut", "8 GiB claim",
+                      *(() if odd_bytes else ("zip method", "zip directory", "zip utf-8",
+                                              "zip folder data", "zip home name"))))
     if how == "plain":
         m.note(f"packed as {m.pack}", False)
         return True
@@ -542,6 +598,12 @@ def container(rng: random.Random, m: Mutant) -> bool:
     elif how == "cut":
         m.pack = "tar.gz"
         m.archive_tricks.append(partial(_cut, fraction=rng.uniform(0.05, 0.9)))
+    elif how == "end cut":  # the members whole: only the archive's end (or stream's) missing
+        m.pack = rng.choice(("tar", "tar.gz", "tar.xz", "tar.bz2"))
+        m.archive_tricks.append(partial(_end_cut, tail=rng.choice((4, 8, 40))))
+    elif how == "8 GiB claim":
+        m.pack = "tar"
+        m.archive_tricks.append(_huge_claim)
     else:
         m.pack = rng.choice(("tar", "tar.gz"))
         m.archive_tricks.append(partial(_tar_trick, how=how))
@@ -573,6 +635,28 @@ def _cut(path: Path, fraction: float) -> None:
     path.write_bytes(path.read_bytes()[: int(path.stat().st_size * fraction)])
 
 
+def _tar_end(path: Path) -> int:
+    """Where a plain tar's last member ends (its end-of-archive blocks follow)."""
+    with tarfile.open(path) as tar:
+        last = tar.getmembers()[-1]
+    return last.offset_data + -(-last.size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
+
+
+def _end_cut(path: Path, tail: int) -> None:
+    """A plain tar without its end-of-archive blocks; a compressed one without its last
+    `tail` bytes (the stream's end marker, checksum or size)."""
+    data = path.read_bytes()
+    path.write_bytes(data[:_tar_end(path)] if path.name.endswith(".tar") else data[:-tail])
+
+
+def _huge_claim(path: Path) -> None:
+    """A last member whose header claims 8 GiB, its data 1000 bytes: a tar cut while written."""
+    header = tarfile.TarInfo("huge.bin")
+    header.size = 8 << 30
+    data = path.read_bytes()[:_tar_end(path)]
+    path.write_bytes(data + header.tobuf(format=tarfile.GNU_FORMAT) + bytes(1000))
+
+
 def _zip_trick(path: Path, how: str, junk: bytes) -> None:
     raw = bytearray(path.read_bytes())
     central = raw.find(b"PK\x01\x02")
@@ -588,12 +672,24 @@ def _zip_trick(path: Path, how: str, junk: bytes) -> None:
     elif how == "zip directory":
         end = len(raw) - 22
         raw[central:end] = (junk * (1 + (end - central) // len(junk)))[: end - central]
+    elif how in ("zip folder data", "zip home name"):
+        _zip_member(path, how)
+        return
     else:  # first name: a byte that is no UTF-8, with the UTF-8 flag (bit 11) set
         for sig, flags, name in ((b"PK\x03\x04", 6, 30), (b"PK\x01\x02", 8, 46)):
             at = raw.find(sig)
             raw[at + flags + 1] |= 0x08
             raw[at + name] = 0xFF
     path.write_bytes(bytes(raw))
+
+
+def _zip_member(path: Path, how: str) -> None:
+    """One more member: a folder entry holding data, or a file named ~/…"""
+    with zipfile.ZipFile(path, "a") as out:
+        if how == "zip folder data":
+            out.writestr(zipfile.ZipInfo("extra/"), b"bytes a folder cannot hold")
+        else:
+            out.writestr("~/.profile.json", b"{}")
 
 
 def folder(rng: random.Random, m: Mutant) -> bool:
@@ -640,7 +736,7 @@ MUTATIONS: tuple[tuple[Callable[[random.Random, Mutant], bool], int], ...] = (
     (bad_event_field, 12), (negate_times, 3), (negative_durations, 3), (strip_field, 5),
     (degenerate_events, 4), (deep_nesting, 2), (long_names, 1), (odd_names, 4),
     (step_number, 2), (distributed_info, 5), (rank_set, 5), (truncate, 5), (byte_damage, 6),
-    (side_files, 6), (container, 6), (folder, 4),
+    (side_files, 6), (container, 6), (folder, 4), (second_info, 2),
 )
 
 
@@ -732,7 +828,7 @@ def write(mutant: Mutant, where: Path) -> Path:
                 if path.is_file() and not path.is_symlink():
                     out.write(path, path.relative_to(where).as_posix())
     else:
-        with tarfile.open(archive, "w:gz" if mutant.pack == "tar.gz" else "w") as out:
+        with tarfile.open(archive, f"w:{mutant.pack[4:]}") as out:  # tar.gz -> w:gz
             out.add(folder_path, folder_path.name,
                     filter=lambda info: None if info.issym() or info.isfifo() else info)
     for trick in mutant.archive_tricks:

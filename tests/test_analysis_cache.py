@@ -24,6 +24,7 @@ from tracegraph.analysis.findings import find_all
 from tracegraph.analysis.overlap import overlap_ratios
 from tracegraph.analysis.pipeline import recover
 from tracegraph.analysis.summary import summarize
+from tracegraph.loading.cachedir import CacheDir
 
 BUNDLES = {
     "gloo": "kineto/gloo_pp2_dp2",
@@ -41,7 +42,7 @@ def _bundle(real: Path, name: str) -> Path:
 def remembered(trace, store: Path, warnings: list[str], threshold_ms: float = 1.0,
                compute=None) -> Analysis:
     return analysis_cache.remembered(
-        trace, store, "analysis", {"threshold_ms": threshold_ms},
+        trace, CacheDir(store, warn=warnings.append), "analysis", {"threshold_ms": threshold_ms},
         compute or (lambda: analyze(trace, threshold_ms=threshold_ms)), warnings.append)
 
 
@@ -79,7 +80,7 @@ def test_cached_findings_are_the_found_ones(real: Path, tmp_path: Path, name: st
     analysis = remembered(trace, store, warnings)
     found = find_all(analysis, recover(analysis))
     assert found  # the simulated causes are findings
-    keep = [trace, store, "findings", {"threshold_ms": 1.0}]
+    keep = [trace, CacheDir(store), "findings", {"threshold_ms": 1.0}]
     analysis_cache.remembered(*keep, lambda: found, warnings.append)
     again = analysis_cache.remembered(*keep, _not_again, warnings.append)
     assert not warnings and [f.as_dict() for f in again] == [f.as_dict() for f in found]
@@ -168,7 +169,7 @@ def test_a_cache_that_cannot_be_written_only_warns(real: Path, tmp_path: Path) -
     trace = tracegraph.load(real / BUNDLES["gloo"], use_cache=False)
     analysis = remembered(trace, store, warnings)
     assert analysis.bubbles and store.is_file()
-    assert len(warnings) == 1 and warnings[0].startswith("analysis not cached")
+    assert len(warnings) == 1 and warnings[0].startswith(f"cache {store} unusable: ")
 
 
 def tracegraph_cli(*args: str) -> subprocess.CompletedProcess:

@@ -44,6 +44,7 @@ from tests.conftest import REAL
 from tracegraph import schema
 from tracegraph.cli.app import app
 from tracegraph.loading import cache as parse_cache
+from tracegraph.loading.cachedir import CacheDir
 
 GLOO = REAL / "kineto" / "gloo_pp2_dp2"
 DDP8 = REAL / "ascend" / "torch_npu_ddp8_level1"
@@ -467,7 +468,7 @@ def test_a_poisoned_cache_entry_is_rebuilt_with_a_warning(tmp_path: Path, poison
     assert again.events.equals(first.events)
     third = tracegraph.load(GLOO / "rank0.json", cache_dir=store)  # the entry was rebuilt
     assert not [w for w in third.warnings if "cache entry" in w]
-    assert parse_cache.load_cached(store, meta.parent.name) is not None
+    assert parse_cache.load_cached(CacheDir(store), meta.parent.name) is not None
 
 
 def _why(poison: str) -> str:

@@ -1,3 +1,3 @@
-from tracegraph.cli.app import main
+from tracegraph.cli.entry import main
 
 main()

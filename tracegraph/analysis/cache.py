@@ -8,8 +8,9 @@ holds that. The key digests the trace's fingerprint (its ranks' cache keys: thei
 parsers' version, `--rank-map`), ANALYSIS_VERSION, the source of the code that computes an
 analysis and the options that change its results (`--threshold-ms`): another value of any of
 them is another entry. An entry that cannot be read (damaged, or written before its classes
-changed shape) is computed again with a warning, and one that cannot be written is skipped with
-a warning: the cache never stops a run.
+changed shape) is computed again with a warning; a value that cannot be stored is said once,
+and a cache that cannot be written once (`tracegraph.loading.cachedir`): the cache never stops
+a run.
 """
 
 from __future__ import annotations
@@ -17,13 +18,12 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
 from tracegraph import snapshot
+from tracegraph.loading.cachedir import CacheDir
 from tracegraph.loading.trace import Trace
 
 ANALYSIS_VERSION = "1"
@@ -56,37 +56,26 @@ def entry_key(trace: Trace, what: str, options: dict[str, object]) -> str | None
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-def remembered(trace: Trace, store: Path | None, what: str, options: dict[str, object],
+def remembered(trace: Trace, store: CacheDir | None, what: str, options: dict[str, object],
                compute: Callable[[], T], warn: Callable[[str], None]) -> T:
     """`compute()`, or what an earlier call with the same trace, `what` and `options` stored in
     `store` (None: compute, store nothing)."""
     key = entry_key(trace, what, options) if store is not None else None
-    if key is None:
+    if store is None or key is None:
         return compute()
-    entry = store / f"{what}-{key}"
-    if entry.is_dir():
+    name = f"{what}-{key}"
+    entry = store.entry(name)
+    if entry is not None:
         try:
             return snapshot.load(entry, {"trace": trace})
-        except snapshot.SnapshotError as error:
+        except FileNotFoundError:  # evicted by another run meanwhile
+            pass
+        except (snapshot.SnapshotError, OSError) as error:
             warn(f"cached {what} unreadable, computed again ({error})")
-            shutil.rmtree(entry, ignore_errors=True)
+            store.discard(name)
     value = compute()
-    _store(entry, value, trace, what, warn)
-    return value
-
-
-def _store(entry: Path, value: object, trace: Trace, what: str,
-           warn: Callable[[str], None]) -> None:
-    """Write `value` as `entry` atomically (a crash or a concurrent writer never leaves half an
-    entry); a value or a cache directory that cannot take it is warned about, not fatal."""
-    tmp = entry.with_name(f".{entry.name}.{os.getpid()}.tmp")
     try:
-        snapshot.save(value, tmp, {"trace": trace})
-        tmp.rename(entry)
+        store.put(name, lambda folder: snapshot.save(value, folder, {"trace": trace}))
     except snapshot.SnapshotError as error:
         warn(f"{what} not cached: {error}")
-    except OSError as error:
-        if not entry.is_dir():  # another process storing the same entry first is fine
-            warn(f"{what} not cached: {error}")
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    return value

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from parsers.base import TraceError
+from tracegraph.cli import options
 from tracegraph.cli.common import (
     analysis_of,
     cluster,
@@ -34,6 +35,7 @@ def analyze_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
     cache_dir: CacheDir = None,
     no_cache: NoCache = False,
+    cache_size: options.CacheSize = None,  # sets the command's cap (its callback)
     jobs: Jobs = None,
     rank_map: RankMap = None,
     dask: Dask = None,

@@ -11,6 +11,7 @@ import inspect
 import typer
 
 from tracegraph.cli.analyze import analyze_command
+from tracegraph.cli.cache import cache_app
 from tracegraph.cli.common import tolerant_streams
 from tracegraph.cli.export import export_command, graph_command
 from tracegraph.cli.gate import check_command, diff_command
@@ -27,13 +28,16 @@ def reflowed(doc: str | None) -> str:
 
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="Find why a distributed training step is slow.",
+                  help="Find why a distributed training step is slow. Parsed ranks and analyses "
+                       "are cached in $TRACEGRAPH_CACHE_DIR, else the user's cache folder "
+                       "(~/.cache/tracegraph on Linux): `tracegraph cache info`.",
                   callback=tolerant_streams)
 for name, command in (("analyze", analyze_command), ("report", report_command),
                       ("diff", diff_command), ("check", check_command),
                       ("simulate", simulate_command), ("export", export_command),
                       ("graph", graph_command), ("whatif", whatif_command)):
     app.command(name=name, help=reflowed(command.__doc__))(command)
+app.add_typer(cache_app, name="cache")
 
 
 def main() -> None:

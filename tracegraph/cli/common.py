@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import errno
+import io
 import json
+import os
 import sys
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from functools import wraps
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
@@ -19,10 +22,18 @@ from parsers.text import printable
 
 if TYPE_CHECKING:
     from tracegraph.analysis.analyze import Analysis
+    from tracegraph.loading.cachedir import CacheDir
     from tracegraph.loading.trace import Trace
+
+
+def _broken_pipe() -> None:
+    """rich's reaction to a closed pipe (it would exit 1 without a word): an error."""
+    raise BrokenPipeError(errno.EPIPE, "Broken pipe")
+
 
 out = Console(markup=False)  # text from profiles ("[/x]" in an op name or a path) stays text:
 err = Console(stderr=True, markup=False)  # style with Text or style=, never with markup
+out.on_broken_pipe = _broken_pipe  # type: ignore[method-assign]
 
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -31,17 +42,51 @@ T = TypeVar("T")
 
 
 def friendly_errors(command: F) -> F:
-    """Bad input ends in one line on stderr and exit code 2, never a traceback."""
+    """Bad input, and a resource that ran out (memory, threads, a closed output), end in one
+    line on stderr and exit code 2, never a traceback."""
 
     @wraps(command)
     def run(*args: object, **kwargs: object) -> object:
         try:
             return command(*args, **kwargs)
         except (TraceError, OSError) as error:
-            err.print(_labelled("error:", "red", str(error)), highlight=False, soft_wrap=True)
-            raise typer.Exit(EXIT_BAD_INPUT) from None
+            fail(resource_error(error) or str(error))
+        except Exception as error:  # what is not a resource running out stays a bug
+            why = resource_error(error)
+            if why is None:
+                raise
+            fail(why)
+        except MemoryError as error:
+            fail(resource_error(error) or "out of memory")
 
     return run  # type: ignore[return-value]
+
+
+def fail(message: str) -> NoReturn:
+    """End the command: `error: message` on stderr, exit code 2."""
+    err.print(_labelled("error:", "red", message), highlight=False, soft_wrap=True)
+    raise typer.Exit(EXIT_BAD_INPUT)
+
+
+def resource_error(error: BaseException) -> str | None:
+    """What to say of an error that is a resource running out, else None."""
+    text = str(error)
+    if isinstance(error, BrokenPipeError):
+        _silence_stdout()
+        return "standard output closed before everything was written (broken pipe)"
+    if isinstance(error, MemoryError) or (isinstance(error, ImportError) and (
+            "failed to map segment" in text or "cannot allocate memory" in text.lower())):
+        return ("out of memory: the process reached its memory or address-space limit "
+                f"(ulimit -v, a container's){f' ({text[:200]})' if text else ''}")
+    if isinstance(error, UnicodeEncodeError):
+        return (f"{printable(str(error.object))}: cannot be written as a file name or text in "
+                f"{error.encoding} ({error.reason})")
+    if type(error).__name__ == "BrokenProcessPool":
+        return "a parser process died (killed, or out of memory); nothing was analysed"
+    if any(t in text.lower() for t in ("can't start new thread", "failed to launch worker")):
+        return (f"cannot start a thread ({text[:200]}): the process reached its limit on "
+                "threads, processes or address space")
+    return None
 
 
 def inputs_exist(*paths: Path) -> None:
@@ -61,6 +106,58 @@ def cluster(dask: str | None, jobs: int | None) -> AbstractContextManager[Any]:
     return dask_cluster(dask, jobs)
 
 
+def cache_folder(cache_dir: Path | None, no_cache: bool) -> CacheDir | None:
+    """The command's cache folder (None with --no-cache): one object per folder for the whole
+    command, so that a fault is said once and the size cap counts every entry it writes."""
+    if no_cache:
+        return None
+    from tracegraph.loading.cachedir import CacheDir, default_cache_dir
+
+    root = cache_dir or default_cache_dir()
+    if root not in _COMMAND.caches:
+        _COMMAND.caches[root] = CacheDir(root, cache_limit(), warn)
+    return _COMMAND.caches[root]
+
+
+def cache_limit() -> int:
+    """The command's cap on the cache folder: --cache-size, else $TRACEGRAPH_CACHE_SIZE, else
+    the default."""
+    from tracegraph.loading.cachedir import SIZE_ENV, default_limit
+
+    try:
+        return _COMMAND.limit or default_limit()
+    except ValueError as error:
+        raise TraceError(f"${SIZE_ENV}: {error}") from None
+
+
+class _Command:
+    """What the running command's steps share: its cache folders, the cap --cache-size set."""
+
+    def __init__(self) -> None:
+        self.caches: dict[Path, CacheDir] = {}
+        self.limit: int | None = None
+
+    def begin(self) -> None:
+        """A new command (several run in one process under tests): nothing shared yet."""
+        self.caches.clear()
+        self.limit = None
+
+
+_COMMAND = _Command()
+
+
+def set_cache_limit(value: str | None) -> str | None:
+    """--cache-size's callback: the cap for this command (None: $TRACEGRAPH_CACHE_SIZE or the
+    default)."""
+    from tracegraph.loading.cachedir import parse_size
+
+    try:
+        _COMMAND.limit = parse_size(value) if value is not None else None
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from None
+    return value
+
+
 def load_bundle(bundle: Path, cache_dir: Path | None, no_cache: bool, jobs: int | None,
                 rank_map: Path | None, client: Any = None) -> Trace:
     """Load for a command: on the cluster of `client` (where the ranks stay), else locally;
@@ -75,7 +172,8 @@ def load_bundle(bundle: Path, cache_dir: Path | None, no_cache: bool, jobs: int 
     else:
         from tracegraph.loading.loader import load
 
-        trace = load(bundle, jobs=jobs, **options)
+        trace = load(bundle, jobs=jobs, cache_folder=cache_folder(cache_dir, no_cache),
+                     **options)
     for warning in trace.warnings:
         warn(warning)
     return trace
@@ -110,10 +208,8 @@ def remember(trace: Trace, cache_dir: Path | None, no_cache: bool, what: str,
              options: dict[str, object], compute: Callable[[], T]) -> T:
     """`compute()` of `trace`, kept in the cache for the next run (tracegraph.analysis.cache)."""
     from tracegraph.analysis.cache import remembered
-    from tracegraph.loading.cache import default_cache_dir
 
-    store = None if no_cache else cache_dir or default_cache_dir()
-    return remembered(trace, store, what, options, compute, warn)
+    return remembered(trace, cache_folder(cache_dir, no_cache), what, options, compute, warn)
 
 
 class Source(NamedTuple):
@@ -162,6 +258,30 @@ def print_json(value: object) -> None:
     sys.stdout.flush()
 
 
+class _ClosedOutput(io.TextIOBase):
+    """Standard output when the command was started without one (`>&-`): writing fails."""
+
+    encoding = "utf-8"
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        raise TraceError("standard output is closed (started with >&-): nothing can be "
+                         "printed; redirect it to a file or /dev/null")
+
+
+def _silence_stdout() -> None:
+    """Point stdout's descriptor at /dev/null: what is still buffered for a closed pipe is
+    dropped at exit instead of raising again."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
 def warn(message: str) -> None:
     """A warning line on stderr."""
     err.print(_labelled("warning:", "yellow", message), highlight=False, soft_wrap=True)
@@ -173,7 +293,14 @@ def _labelled(label: str, style: str, message: str) -> Text:
 
 
 def tolerant_streams() -> None:
-    """stdout and stderr print what they cannot encode (a file name's stray bytes) escaped."""
+    """Before each command: stdout and stderr print what they cannot encode (a file name's
+    stray bytes) escaped; a closed stdout says so when written to (`_ClosedOutput`), a closed
+    stderr is /dev/null; the command's cache folders are opened anew."""
+    if sys.stdout is None:
+        sys.stdout = _ClosedOutput()
+    if sys.stderr is None:
+        sys.stderr = open(os.devnull, "w")  # noqa: SIM115  (for the process's lifetime)
     for stream in (sys.stdout, sys.stderr):
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")
+    _COMMAND.begin()

@@ -10,6 +10,7 @@ import typer
 
 from parsers.base import TraceError
 from parsers.text import printable
+from tracegraph.cli import options
 from tracegraph.cli.common import (
     analysis_of,
     cluster,
@@ -45,6 +46,7 @@ def export_command(
         help="FILE.json: the same as Chrome trace-event JSON (chrome://tracing).")] = None,
     cache_dir: CacheDir = None,
     no_cache: NoCache = False,
+    cache_size: options.CacheSize = None,  # sets the command's cap (its callback)
     jobs: Jobs = None,
     rank_map: RankMap = None,
     dask: Dask = None,
@@ -89,6 +91,7 @@ def graph_command(
     output: Annotated[Path, typer.Option("-o", "--output", help="FILE.graphml or FILE.json")],
     cache_dir: CacheDir = None,
     no_cache: NoCache = False,
+    cache_size: options.CacheSize = None,  # sets the command's cap (its callback)
     jobs: Jobs = None,
     rank_map: RankMap = None,
     dask: Dask = None,

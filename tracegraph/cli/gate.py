@@ -38,6 +38,7 @@ from reports.markdown import (
     verdict_line,
     violation_line,
 )
+from tracegraph.cli import options
 from tracegraph.cli.common import Source, friendly_errors, inputs_exist, print_json, warn
 from tracegraph.cli.options import (
     Bundle,
@@ -110,6 +111,7 @@ def diff_command(
     threshold_ms: ThresholdMs = 1.0,
     cache_dir: CacheDir = None,
     no_cache: NoCache = False,
+    cache_size: options.CacheSize = None,  # sets the command's cap (its callback)
     jobs: Jobs = None,
     rank_map: RankMap = None,
     dask: Dask = None,
@@ -151,6 +153,7 @@ def check_command(
     threshold_ms: ThresholdMs = 1.0,
     cache_dir: CacheDir = None,
     no_cache: NoCache = False,
+    cache_size: options.CacheSize = None,  # sets the command's cap (its callback)
     jobs: Jobs = None,
     rank_map: RankMap = None,
     dask: Dask = None,

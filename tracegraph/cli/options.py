@@ -8,9 +8,16 @@ from typing import Annotated
 
 import typer
 
+from tracegraph.cli.common import set_cache_limit
+
 Bundle = Annotated[Path, typer.Argument(help="A profile folder, archive (.tar.gz/.zip) or file.")]
-CacheDir = Annotated[Path | None, typer.Option(help="Where parsed ranks are cached.")]
+CacheDir = Annotated[Path | None, typer.Option(
+    help="Where parsed ranks and analyses are cached (default: $TRACEGRAPH_CACHE_DIR, else the "
+         "user's cache folder, ~/.cache/tracegraph on Linux; `tracegraph cache info` shows it).")]
 NoCache = Annotated[bool, typer.Option("--no-cache", help="Neither read nor write the cache.")]
+CacheSize = Annotated[str | None, typer.Option(
+    help="Most the cache folder may hold, e.g. 2G; least recently used entries go first "
+         "(default: $TRACEGRAPH_CACHE_SIZE, else 5G).", callback=set_cache_limit)]
 Jobs = Annotated[int | None, typer.Option(help="Parallel parser processes (default: CPUs).")]
 RankMap = Annotated[Path | None, typer.Option(
     help='JSON file mapping a profile (path or file name) to its rank: {"a.json": 3}.')]

@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from tracegraph.cli import options
 from tracegraph.cli.common import Source, friendly_errors, inputs_exist, out, remember
 from tracegraph.cli.options import Bundle, CacheDir, Dask, Jobs, NoCache, RankMap, ThresholdMs
 
@@ -20,6 +21,7 @@ def report_command(
     threshold_ms: ThresholdMs = 1.0,
     cache_dir: CacheDir = None,
     no_cache: NoCache = False,
+    cache_size: options.CacheSize = None,  # sets the command's cap (its callback)
     jobs: Jobs = None,
     rank_map: RankMap = None,
     dask: Dask = None,

@@ -7,6 +7,11 @@ pages (page cache, shared, reclaimable) and only the integer columns are copied 
 are concatenated. The price is disk: an entry is as large as the rank's table in memory (about
 130 bytes per event with its strings dictionary-coded, ~0.4x the Kineto JSON it came from); zstd
 would make it smaller still but costs more CPU to read than the whole rest of a warm load.
+
+An entry's key digests the bytes of the rank's files (`parsers.archive.content_digest`: of the
+archive, for an archive), never their sizes or times, so a rank rewritten in place with its size
+and time kept is parsed again. Where entries lie and how they are written, shared and capped:
+`tracegraph.loading.cachedir`.
 """
 
 from __future__ import annotations
@@ -14,28 +19,22 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import pyarrow as pa
-from platformdirs import user_cache_dir
 
 from parsers.base import GroupInfo, ParsedRank
 from parsers.validate import header_sound
 from tracegraph import schema
+from tracegraph.loading.cachedir import CacheDir
 
-CACHE_VERSION = "12"
+CACHE_VERSION = "13"
 """Bump when a parser's output or the entry layout changes, so stale entries are not reused."""
 EVENTS_FILE = "events.arrow"
 MEMORY_FILE = "memory.arrow"
-
-
-def default_cache_dir() -> Path:
-    """`$TRACEGRAPH_CACHE_DIR`, else the user's cache directory."""
-    return Path(os.environ.get("TRACEGRAPH_CACHE_DIR") or user_cache_dir("tracegraph"))
 
 
 class _Meta(msgspec.Struct, forbid_unknown_fields=True):
@@ -59,12 +58,12 @@ def bundle_key(keys: list[str], forced: dict[str, int]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-def load_cached(cache_dir: Path, key: str, notes: list[str] | None = None) -> ParsedRank | None:
+def load_cached(cache: CacheDir, key: str, notes: list[str] | None = None) -> ParsedRank | None:
     """The parsed rank stored under `key`, or None. An entry that is there but does not read
     back as one (damaged, or written by something else) is removed, said in `notes`, so that
     the rank is parsed and stored again."""
-    entry = cache_dir / key
-    if not (entry / "meta.json").exists():
+    entry = cache.entry(key)
+    if entry is None:
         return None
     try:
         meta = msgspec.json.decode((entry / "meta.json").read_bytes(), type=_Meta)
@@ -73,10 +72,12 @@ def load_cached(cache_dir: Path, key: str, notes: list[str] | None = None) -> Pa
                             memory=_read_memory(entry / MEMORY_FILE))
         if not header_sound(parsed):
             raise ValueError("values out of range in meta.json")
+    except FileNotFoundError:  # evicted by another run meanwhile
+        return None
     except (OSError, ValueError, msgspec.DecodeError, pa.ArrowException) as error:
         if notes is not None:
             notes.append(f"cache entry {entry} unusable ({str(error)[:200]}); parsed again")
-        shutil.rmtree(entry, ignore_errors=True)
+        cache.discard(key)
         return None
     return parsed
 
@@ -85,44 +86,40 @@ def _read_memory(path: Path) -> pa.Table | None:
     """An entry's memory table, None when the rank had none (no file)."""
     if not path.exists():
         return None
-    with pa.memory_map(str(path)) as source:
+    with pa.memory_map(os.fsencode(path)) as source:
         return pa.ipc.open_file(source).read_all()
 
 
 def read_events(path: Path) -> pa.Table:
     """The table of an entry, its buffers pointing into the memory-mapped file (the map lives
     as long as they do; entries are never rewritten in place)."""
-    with pa.memory_map(str(path)) as source:
+    with pa.memory_map(os.fsencode(path)) as source:
         table = pa.ipc.open_file(source).read_all()
     if table.schema.names != schema.IN_MEMORY_EVENTS.names:
         raise ValueError(f"{path.name}: not an events table")
     return schema.in_memory(table)
 
 
-def store(cache_dir: Path, key: str, parsed: ParsedRank, events_file: Path | None = None
-          ) -> None:
-    """Store a parsed rank atomically (a crash never leaves a half-written entry). `events_file`,
-    when given, already holds its events as written by `write_events`: it is moved, not copied."""
-    entry = cache_dir / key
-    tmp = cache_dir / f".{key}.{os.getpid()}.tmp"
-    tmp.mkdir(parents=True, exist_ok=True)
-    if events_file is None or not _moved(events_file, tmp / EVENTS_FILE):
-        write_events(parsed.events, tmp / EVENTS_FILE)
-    if parsed.memory is not None:
-        _write(parsed.memory, tmp / MEMORY_FILE)
+def store(cache: CacheDir, key: str, parsed: ParsedRank, events_file: Path | None = None
+          ) -> bool:
+    """Store a parsed rank as entry `key` (whole or not at all; False when not stored).
+    `events_file`, when given, already holds its events as written by `write_events`: it is
+    moved, not copied."""
     meta = {
         "rank": parsed.rank,
         "groups": [asdict(g) for g in parsed.groups],
         "meta": parsed.meta,
         "warnings": parsed.warnings,
     }
-    (tmp / "meta.json").write_text(json.dumps(meta))
-    try:
-        tmp.rename(entry)
-    except OSError:  # another process stored it first
-        for f in tmp.iterdir():
-            f.unlink()
-        tmp.rmdir()
+
+    def write(folder: Path) -> None:
+        if events_file is None or not _moved(events_file, folder / EVENTS_FILE):
+            write_events(parsed.events, folder / EVENTS_FILE)
+        if parsed.memory is not None:
+            _write(parsed.memory, folder / MEMORY_FILE)
+        (folder / "meta.json").write_text(json.dumps(meta))
+
+    return cache.put(key, write)
 
 
 def _moved(source: Path, target: Path) -> bool:
@@ -139,5 +136,5 @@ def write_events(table: pa.Table, path: Path) -> None:
 
 
 def _write(table: pa.Table, path: Path) -> None:
-    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+    with pa.OSFile(os.fsencode(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
         writer.write_table(table)

@@ -29,6 +29,7 @@ from parsers.base import GroupInfo, ParsedRank, RankFiles, TraceError
 from parsers.bundle import open_bundle
 from tracegraph import schema
 from tracegraph.loading import cache
+from tracegraph.loading.cachedir import CacheDir, default_cache_dir
 from tracegraph.loading.consistency import distinct_ranks
 from tracegraph.loading.inventory import inventory_of, rank_summary
 from tracegraph.loading.loader import (
@@ -116,7 +117,7 @@ def load_on_cluster(path: str | Path, client: Any, *, cache_dir: Path | None = N
     """Parse every rank profile under `path` on the cluster of `client`, and keep them there."""
     with open_bundle(path) as bundle:
         profiles, keys, forced = profiles_of(bundle, rank_map)
-        store = (cache_dir or cache.default_cache_dir()) if use_cache else None
+        store = (cache_dir or default_cache_dir()) if use_cache else None
         todo = [(p, key, forced.get(p.root)) for p, key in zip(profiles, keys, strict=True)]
         futures = (_held_in_place if bundle.random_access else _held_from_archive)(
             client, str(bundle.path), todo, store)
@@ -198,13 +199,14 @@ def _held(store: Path | None, profile: RankFiles, key: str, rank: int | None,
           parse: Callable[..., ParsedRank], *args: object) -> ParsedRank:
     """A rank as a worker keeps it: from the cache when it holds the entry, else parsed (and
     stored, when the cache can be written from here); its rank as --rank-map forces it."""
-    parsed = cache.load_cached(store, key) if store is not None else None
+    parsed = cache.load_cached(CacheDir(store), key) if store is not None else None
     return _kept(store, key, rank, parsed if parsed is not None else parse(*args))
 
 
 def _held_share(store: Path | None, path: str, todo: Todo) -> list[ParsedRank]:
     """`_held` of a share of a streamed archive's ranks, the uncached ones parsed in one pass."""
-    held = {p.root: cache.load_cached(store, key) if store is not None else None
+    folder = CacheDir(store) if store is not None else None
+    held = {p.root: cache.load_cached(folder, key) if folder is not None else None
             for p, key, _ in todo}
     missing = [(p, key) for p, key, _ in todo if held[p.root] is None]
     if missing:
@@ -215,12 +217,8 @@ def _held_share(store: Path | None, path: str, todo: Todo) -> list[ParsedRank]:
 
 
 def _kept(store: Path | None, key: str, rank: int | None, parsed: ParsedRank) -> ParsedRank:
-    if store is not None and not (store / key).is_dir():
-        try:
-            store.mkdir(parents=True, exist_ok=True)
-            cache.store(store, key, parsed)
-        except OSError:  # a worker that cannot write the client's cache parses again
-            pass
+    if store is not None and not (store / key).is_dir():  # a worker that cannot write the
+        cache.store(CacheDir(store), key, parsed)  # client's cache parses again, silently
     if rank is not None:
         parsed.rank = rank
     return parsed

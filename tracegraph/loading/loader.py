@@ -9,11 +9,16 @@ by a rename) rather than pickled through a pipe; executors such as Dask's still 
 
 from __future__ import annotations
 
+import ctypes
 import gc
+import multiprocessing
 import os
+import signal
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, ProcessPoolExecutor
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +32,7 @@ from parsers.text import printable
 from tracegraph import schema
 from tracegraph.heap import hand_back
 from tracegraph.loading import cache, consistency
+from tracegraph.loading.cachedir import CacheDir, default_cache_dir
 from tracegraph.loading.groups import groups_frame
 from tracegraph.loading.resolve import settle
 from tracegraph.loading.trace import Trace
@@ -34,6 +40,7 @@ from tracegraph.progress import Progress
 
 _WORKER_BUNDLES: dict[str, Bundle] = {}
 PARSE_TO_TABLE = 6  # what parsing a rank takes at its peak, in units of its table's size
+_PR_SET_PDEATHSIG = 1  # prctl(2)
 
 
 def load(
@@ -45,21 +52,26 @@ def load(
     rank_map: dict[str, int] | None = None,
     progress: bool = False,
     executor: Executor | None = None,
+    cache_folder: CacheDir | None = None,
 ) -> Trace:
     """Read every rank profile under `path` (directory, archive or file) into one `Trace`.
 
     Ranks are parsed in a local process pool, or on `executor` (e.g. a Dask cluster's, see
-    tracegraph.loading.distributed) when given."""
+    tracegraph.loading.distributed) when given. The cache is `cache_folder` when given (a
+    command's, shared with its analysis), else `cache_dir` (default: `default_cache_dir()`)
+    unless not `use_cache`; its faults are warnings of the trace."""
     with open_bundle(path) as bundle:
         profiles, keys, forced = profiles_of(bundle, rank_map)
-        store = (cache_dir or cache.default_cache_dir()) if use_cache else None
-        notes = list(bundle.warnings)
+        notes: list[str] = []
+        store = cache_folder or (CacheDir(cache_dir or default_cache_dir(), warn=notes.append)
+                                 if use_cache else None)
         with Progress("reading ranks", total=len(profiles), enabled=progress) as bar:
             parsed = list(_parse_all(bundle, list(zip(profiles, keys, strict=True)), store,
                                      jobs, bar.advance, executor, notes))
         for profile, rank in parsed:
             rank.rank = forced.get(profile.root, rank.rank)
-        trace = _merge(Path(printable(str(path))), parsed, profiles, notes)  # shown, not read
+        trace = _merge(Path(printable(str(path))), parsed, profiles,  # the path shown, not read
+                       [*bundle.warnings, *notes])  # the bundle's: after a streamed pass
         trace.fingerprint = cache.bundle_key(keys, forced)
         return trace
 
@@ -89,7 +101,7 @@ def _forced_ranks(profiles: list[RankFiles], rank_map: dict[str, int]) -> dict[s
 def _parse_all(
     bundle: Bundle,
     profiles: list[tuple[RankFiles, str]],
-    store: Path | None,
+    store: CacheDir | None,
     jobs: int | None,
     advance: Callable[[], None],
     executor: Executor | None = None,
@@ -105,37 +117,73 @@ def _parse_all(
             yield profile, hit
         else:
             todo.append((profile, key))
+    if not todo:  # all cached: nothing is written
+        return
     workers = min(jobs or os.cpu_count() or 1, len(todo))
     if executor is not None:
         yield from _parse_on(executor, bundle, todo, store, advance)
         return
-    if workers <= 1:
-        with _handoff_dir(store) as handoff:
+    with _handoff(store) as handoff:
+        if workers <= 1:
             for n, (profile, key, read) in enumerate(sources(bundle, todo)):
-                out = Path(handoff) / f"{n}.arrow"  # mapped, as a worker's: no heap holds it
-                parsed = _to_file(str(out), _parse, profile, read)
-                parsed.events = cache.read_events(out)
+                out = handoff / f"{n}.arrow"  # mapped, as a worker's: no heap holds it
+                parsed = _mapped(_to_file(str(out), _parse, profile, read), out)
                 yield profile, _finish(profile, parsed, store, key, out)
                 advance()
-        return
-    gc.freeze()  # objects so far are the workers' too: a collection there would copy their pages
-    try:
-        with ProcessPoolExecutor(max_workers=workers) as pool, _handoff_dir(store) as handoff:
-            yield from _parse_on(pool, bundle, todo, store, advance, Path(handoff))
-    finally:
-        gc.unfreeze()
+            return
+        gc.freeze()  # objects so far are the workers' too: a collection there would copy pages
+        try:
+            with parser_pool(workers) as pool:
+                yield from _parse_on(pool, bundle, todo, store, advance, handoff)
+        finally:
+            gc.unfreeze()
 
 
-def _handoff_dir(store: Path | None) -> tempfile.TemporaryDirectory:
+def _handoff(store: CacheDir | None) -> AbstractContextManager[Path]:
     """Where local workers leave each rank's table for this process to map: inside the cache
     (the file then becomes the entry's by a rename), else in the system's temporary folder."""
     if store is not None:
-        store.mkdir(parents=True, exist_ok=True)
-    return tempfile.TemporaryDirectory(prefix=".handoff-", dir=store)
+        return store.handoff()
+    return _as_path(tempfile.TemporaryDirectory(prefix="tracegraph-"))
+
+
+@contextmanager
+def _as_path(folder: tempfile.TemporaryDirectory) -> Iterator[Path]:
+    with folder as name:
+        yield Path(name)
+
+
+@contextmanager
+def parser_pool(workers: int) -> Iterator[ProcessPoolExecutor]:
+    """A pool of parser processes bound to this one (`_bound_to_parent`); stopped early (an
+    error, Ctrl-C), it is killed rather than left to finish its queue."""
+    fork = "fork" in multiprocessing.get_all_start_methods()
+    pool = ProcessPoolExecutor(max_workers=workers, initializer=_bound_to_parent,
+                               initargs=(os.getpid() if fork else None,),
+                               mp_context=multiprocessing.get_context("fork") if fork else None)
+    try:
+        yield pool
+    except BaseException:
+        for process in list((pool._processes or {}).values()):  # no public way before 3.14
+            process.kill()
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
+
+
+def _bound_to_parent(parent: int | None) -> None:
+    """A parser process's set-up: Ctrl-C is its parent's to handle, and it dies with its
+    parent (Linux: PR_SET_PDEATHSIG), however the parent ends, SIGKILL included."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if parent is not None and os.getppid() != parent:  # it died before the line above
+        os._exit(1)
 
 
 def _parse_on(pool: Executor, bundle: Bundle, todo: list[tuple[RankFiles, str]],
-              store: Path | None, advance: Callable[[], None], handoff: Path | None = None
+              store: CacheDir | None, advance: Callable[[], None], handoff: Path | None = None
               ) -> Iterator[tuple[RankFiles, ParsedRank]]:
     """Parse on `pool`: workers open a random-access bundle themselves, else get the bytes.
     With `handoff` (local workers), a worker writes the rank's table there as an Arrow file that
@@ -151,18 +199,30 @@ def _parse_on(pool: Executor, bundle: Bundle, todo: list[tuple[RankFiles, str]],
         future, out = futures[profile.root]
         parsed = future.result()
         if out is not None:
-            parsed.events = cache.read_events(out)
+            parsed = _mapped(parsed, out)
         yield profile, _finish(profile, parsed, store, key, out)
         advance()
 
 
 def _to_file(out: str, parse: Callable[..., ParsedRank], *args: object) -> ParsedRank:
-    """Worker side of the file hand-off: parse, write the events to `out`, return the rest."""
+    """Worker side of the file hand-off: parse, write the events to `out`, return the rest (all
+    of it, the events too, when `out` cannot be written: a full disk, a file size limit)."""
     parsed = parse(*args)
-    cache.write_events(parsed.events, Path(out))
+    try:
+        cache.write_events(parsed.events, Path(out))
+    except OSError:
+        Path(out).unlink(missing_ok=True)
+        return parsed
     size = parsed.events.nbytes
     parsed.events = None  # type: ignore[assignment]  # the caller maps `out`
     hand_back(size * PARSE_TO_TABLE)  # what parsing the rank took, before the next one
+    return parsed
+
+
+def _mapped(parsed: ParsedRank, out: Path) -> ParsedRank:
+    """A rank handed off by `_to_file`: its events mapped from `out`, unless they came along."""
+    if parsed.events is None:
+        parsed.events = cache.read_events(out)
     return parsed
 
 
@@ -217,13 +277,22 @@ def parse_bytes(profile: RankFiles, contents: dict[str, bytes]) -> ParsedRank:
 
 
 def _parse(profile: RankFiles, read: Callable[[str], bytes]) -> ParsedRank:
-    """Parse one rank and put its table in the in-memory form (`schema.in_memory`)."""
-    parsed = parse_rank(profile, read)
-    parsed.events = schema.in_memory(parsed.events)
+    """Parse one rank and put its table in the in-memory form (`schema.in_memory`); what
+    reading its members said (a truncated member) becomes its warnings. TraceError naming it
+    when memory runs out (an address-space limit, a small container)."""
+    said = getattr(read, "warnings", [])
+    before = len(said)
+    try:
+        parsed = parse_rank(profile, read)
+        parsed.events = schema.in_memory(parsed.events)
+    except MemoryError:
+        raise TraceError(f"{profile.root}: out of memory while parsing it") from None
+    parsed.warnings[:0] = said[before:]
+    del said[before:]
     return parsed
 
 
-def _finish(profile: RankFiles, parsed: ParsedRank, store: Path | None, key: str,
+def _finish(profile: RankFiles, parsed: ParsedRank, store: CacheDir | None, key: str,
             events_file: Path | None = None) -> ParsedRank:
     if store is not None:
         cache.store(store, key, parsed, events_file)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -163,6 +164,7 @@ class Trace:
             path = out_dir / f"{name}.parquet"
             table = pa.Table.from_pandas(frame, schema=arrow_schema, preserve_index=False)
             table = table.replace_schema_metadata(None)  # the public schema, not pandas' dtypes
-            pq.write_table(table, path)
+            with pa.OSFile(os.fsencode(path), "wb") as sink:  # a name of any bytes, as given
+                pq.write_table(table, sink)
             written.append(path)
         return written
