@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 out = Console(markup=False)  # text from profiles ("[/x]" in an op name or a path) stays text:
 err = Console(stderr=True, markup=False)  # style with Text or style=, never with markup
+UNWRAPPED = 100_000  # the width of output that is not on a terminal: every line whole
 
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -42,6 +43,21 @@ def friendly_errors(command: F) -> F:
             raise typer.Exit(EXIT_BAD_INPUT) from None
 
     return run  # type: ignore[return-value]
+
+
+def fit_output(width: int | None = None, quiet: bool = False) -> None:
+    """Output fit for where it is read: on a terminal wrapped at its width, elsewhere (a pipe,
+    a CI log, `less`) never, so that a line stays one line; `width` sets one. Progress on stderr
+    unless `quiet`."""
+    from tracegraph import progress
+
+    out.width = width or (None if out.is_terminal else UNWRAPPED)
+    progress.quiet(quiet)
+
+
+def console() -> Console:
+    """A console for rich markup on stdout, as wide as `out`."""
+    return Console(width=out.width)
 
 
 def inputs_exist(*paths: Path) -> None:
@@ -67,7 +83,7 @@ def load_bundle(bundle: Path, cache_dir: Path | None, no_cache: bool, jobs: int 
     the trace's warnings go to stderr."""
     mapping = read_rank_map(rank_map) if rank_map else None
     options = {"cache_dir": cache_dir, "use_cache": not no_cache, "rank_map": mapping,
-               "progress": sys.stderr.isatty()}
+               "progress": True}  # a bar on a terminal, else lines; none after -q
     if client is not None:
         from tracegraph.loading.distributed import load_on_cluster
 
@@ -173,7 +189,9 @@ def _labelled(label: str, style: str, message: str) -> Text:
 
 
 def tolerant_streams() -> None:
-    """stdout and stderr print what they cannot encode (a file name's stray bytes) escaped."""
+    """stdout and stderr print what they cannot encode (a file name's stray bytes) escaped;
+    output fits where it is read (`fit_output`)."""
     for stream in (sys.stdout, sys.stderr):
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")
+    fit_output()

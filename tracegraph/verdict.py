@@ -1,0 +1,384 @@
+"""The verdict: what an engineer reads first about a bundle, in ten seconds.
+
+The step time and its slowest rank; the causes that held the step back, largest first — the
+slowest rank's stalls (its bubbles, decomposed) and its own straggling compute, grouped by origin
+(rank, lane, op, or the group whose absent members it waited on), each with its share of the
+step and how sure the chain is; the fix for the largest cause that is not the schedule's own and
+what replaying the dependency graph says it gains (a named `whatif` fix where one applies, else
+the cause's gain ceiling); the longest stalls and their origin; whom to profile when the origin
+is outside the bundle; and the one finding that costs the most.
+
+Plain data (the `verdict` of `analyze --json`); reports/verdict.py renders it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+import pandas as pd
+
+from tracegraph import causes
+from tracegraph.analysis.analyze import Analysis
+from tracegraph.analysis.blame import Bubble, pipelined_job
+from tracegraph.analysis.stragglers import median_of_others, name_medians
+from tracegraph.loading.groups import group_labels
+from tracegraph.verify import metrics
+from tracegraph.whatif.ceilings import NO_FIX, gain_ceilings, subject_of
+from tracegraph.whatif.edits import fixes
+from tracegraph.whatif.predict import predict
+
+NS_PER_MS = 1e6
+TOP_CAUSES = 4  # categories listed
+TOP_ORIGINS = 3  # origins listed per category
+TOP_STALLS = 3  # longest stalls named
+TOP_GROUPS = 3  # groups with absent members named to profile
+SHOWN_RANKS = 3  # ranks named per group to profile
+INHERENT = (causes.PIPELINE_FILL, causes.PEER_COMPUTE, causes.OWN_COMPUTE)
+"""Categories that are the job's own work or schedule: listed, never the cause to fix."""
+NAMED_FIXES = {causes.DP_REDUCTION: ("decouple-reduction", "separate-queues"),
+               **dict.fromkeys((causes.EP_ALLTOALL, causes.TP_COLLECTIVE, causes.CP_COLLECTIVE,
+                                causes.COLLECTIVE, causes.PP_P2P), ("separate-queues",))}
+"""The `whatif --fix` edits that may remove a cause, tried in order where they apply."""
+LISTED_SHARE = 0.05  # a bubble's causes listed beside its chain: those of this share at least
+STRAGGLER_CONFIDENCE = "high"  # a rank's own slow ops: measured against its peers' median
+LEVELS = ("low", "medium", "high")
+WEIGHTY = 0.25  # a category is as sure as its least sure part of this share of it at least
+
+
+@dataclass(frozen=True)
+class Cause:
+    """Part of a bubble charged to one origin: `group` is the group whose members absent from
+    the bundle it waited on ("" if none); rank, lane and name are those of its longest piece."""
+
+    category: str
+    rank: int
+    lane: str
+    name: str
+    group: str
+    ns: int
+    share: float  # of the bubble
+
+
+def bubble_causes(bubble: Bubble) -> list[Cause]:
+    """A bubble's causes, largest first: its intervals grouped by origin (category and rank and
+    op, or the group with absent members waited on)."""
+    pieces: dict[tuple, list] = {}
+    for piece in bubble.intervals:
+        key = (piece.category, piece.unprofiled_group) if piece.unprofiled_group else (
+            piece.category, piece.rank, piece.lane, piece.name)
+        pieces.setdefault(key, []).append(piece)
+    found = []
+    for (category, *_), group in pieces.items():
+        longest = max(group, key=lambda p: p.dur)
+        ns = sum(p.dur for p in group)
+        found.append(Cause(category, longest.rank, longest.lane, longest.name,
+                           longest.unprofiled_group, ns, ns / bubble.dur if bubble.dur else 0.0))
+    return sorted(found, key=lambda c: -c.ns)
+
+
+def with_causes(shown: list[dict[str, object]], analysis: Analysis, step: int | None,
+                share: float = LISTED_SHARE) -> None:
+    """Each bubble of a summary (`shown`: the first of the analysis' bubbles of `step`, as
+    `summarize` lists them) with its `causes` of at least `share` of it, largest first."""
+    labels = group_labels(analysis.trace.groups) if len(analysis.trace.groups) else {}
+    bubbles = (b for b in analysis.bubbles if step is None or b.step == step)
+    for row, bubble in zip(shown, bubbles, strict=False):
+        row["causes"] = [{"category": c.category, "rank": c.rank, "lane": c.lane,
+                          "name": c.name, "ms": round(c.ns / NS_PER_MS, 3),
+                          "share": round(c.share, 4),
+                          **({"group": c.group, "group_label": labels.get(c.group, c.group)}
+                             if c.group else {})}
+                         for c in bubble_causes(bubble) if c.share >= share]
+
+
+def verdict(analysis: Analysis, *, findings: list[dict[str, object]] = (),
+            pipeline: dict[str, object] | None = None, step: int | None = None
+            ) -> dict[str, object]:
+    """The verdict of `analysis` (one `step`, or all): `findings` as `Finding.as_dict` gives
+    them, `pipeline` as `Pipeline.as_dict` (its bubble ratio beside the schedule's fill)."""
+    steps = _slowest_ranks(analysis, step)
+    if steps.empty:
+        return {"steps": [], "causes": [], "stalls": [], "profile": [], "fix": {},
+                "finding": _finding([], findings, 0.0), "notes": ["no step and no timeline"]}
+    origins = _Origins(analysis)
+    notes = []
+    for row in steps.itertuples(index=False):
+        origins.add_step(int(row.step), int(row.rank))
+        if row.stated_rank >= 0:
+            notes.append(f"step {row.step}: rank {row.stated_rank}'s step ({row.stated_ms:.1f} "
+                         f"ms) is from its step table (no timeline): causes are those of rank "
+                         f"{row.rank}, the slowest with a timeline")
+    total_ms = float(steps["ms"].sum())
+    listed = origins.causes(total_ms, len(steps), pipeline)
+    fix = _fix(analysis, listed)
+    return {
+        "step_ms": round(float(np.median(steps["ms"])), 3),
+        "steps": [{"step": int(r.step), "ms": round(float(r.ms), 3), "slowest_rank": int(r.rank),
+                   "stalled_ms": round(origins.stalled_ns.get(int(r.step), 0) / NS_PER_MS, 3)}
+                  for r in steps.itertuples(index=False)],
+        "threshold_ms": analysis.threshold_ms,
+        "stalled_share": round(sum(origins.stalled_ns.values()) / NS_PER_MS / total_ms, 4)
+        if total_ms else 0.0,
+        "causes": listed,
+        "stalls": origins.stalls(step),
+        "fix": fix,
+        "profile": origins.to_profile(),
+        "finding": _finding(listed, findings, float(np.median(steps["ms"]))),
+        "notes": notes,
+    }
+
+
+def _slowest_ranks(analysis: Analysis, step: int | None) -> pd.DataFrame:
+    """step, ms, rank (the slowest with a timeline), stated_rank / stated_ms (a slower rank
+    whose step is from its step table, -1 if none) of each step (or `step` alone)."""
+    times = metrics.step_times(analysis)
+    if step is not None:
+        times = times[times["step"] == step]
+    rows = []
+    for s, mine in times.groupby("step"):
+        timed = mine[~mine["stated"]]
+        if timed.empty:
+            continue
+        slowest, fastest = mine.loc[mine["ms"].idxmax()], timed.loc[timed["ms"].idxmax()]
+        stated = bool(slowest["stated"])
+        rows.append((int(s), float(slowest["ms"]), int(fastest["rank"]),
+                     int(slowest["rank"]) if stated else -1, float(slowest["ms"])))
+    return pd.DataFrame(rows, columns=["step", "ms", "rank", "stated_rank", "stated_ms"])
+
+
+class _Origins:
+    """The causes of the steps' slowest ranks, summed by origin over the steps."""
+
+    def __init__(self, analysis: Analysis) -> None:
+        self.analysis = analysis
+        self.excess = straggling_excess(analysis)
+        self.waiting_on_compute = causes.PIPELINE_FILL if pipelined_job(
+            analysis.ops.frame, analysis.trace.groups) else causes.PEER_COMPUTE
+        self.labels = group_labels(analysis.trace.groups) if len(analysis.trace.groups) else {}
+        self.members = analysis.trace.group_members()
+        self.present = set(analysis.trace.rank_ids)
+        self.ns: dict[tuple, float] = {}
+        self.where: dict[tuple, Cause] = {}  # an origin's heaviest cause
+        self.sureness: dict[str, list[tuple[int, str, str]]] = {}  # category -> (ns, level, why)
+        self.stalled_ns: dict[int, int] = {}
+
+    def add_step(self, step: int, rank: int) -> None:
+        """The slowest `rank`'s bubbles in `step`, and its own straggling compute."""
+        bubbles = [b for b in self.analysis.bubbles if b.step == step and b.rank == rank]
+        self.stalled_ns[step] = sum(b.dur for b in bubbles)
+        for bubble in bubbles:
+            for cause in bubble_causes(bubble):
+                slow, rest = self._split(cause)
+                self._add(slow, bubble.sureness, bubble.evidence)
+                self._add(replace(cause, category=self.waiting_on_compute, ns=rest),
+                          bubble.sureness, bubble.evidence)
+        for seg, ns in _own_straggling(self.analysis, step, rank, bubbles):
+            own = Cause(causes.COMPUTE_STRAGGLER, seg.rank, seg.lane, seg.name, "", ns, 1.0)
+            self._add(self._split(own)[0], STRAGGLER_CONFIDENCE,
+                      "its own ops against its peers' median")
+
+    def _split(self, cause: Cause) -> tuple[Cause, int]:
+        """A straggler's cause as its slowness alone (its op's excess over its peers' median
+        of the same op), and the ns left: waiting on compute that would have been there at
+        the peers' speed too. Other causes whole."""
+        if cause.category != causes.COMPUTE_STRAGGLER:
+            return cause, 0
+        slow = round(cause.ns * self.excess.get((cause.name, cause.rank), 1.0))
+        return replace(cause, ns=slow), cause.ns - slow
+
+    def _add(self, cause: Cause, sureness: str, evidence: str) -> None:
+        if cause.ns <= 0:
+            return
+        key = (cause.category,) if cause.category in INHERENT else (
+            (cause.category, cause.group) if cause.group else
+            (cause.category, cause.rank, cause.lane))
+        self.ns[key] = self.ns.get(key, 0.0) + cause.ns
+        if key not in self.where or cause.ns > self.where[key].ns:
+            self.where[key] = cause
+        self.sureness.setdefault(cause.category, []).append((cause.ns, sureness, evidence))
+
+    def causes(self, total_ms: float, steps: int, pipeline: dict | None) -> list[dict]:
+        """Per category, largest first: ms per step, share of the step, how sure, and its
+        origins (the TOP_ORIGINS largest; the rest counted)."""
+        by_category: dict[str, list[tuple]] = {}
+        for key in sorted(self.ns, key=lambda k: -self.ns[k]):
+            by_category.setdefault(key[0], []).append(key)
+        rows = []
+        for category, keys in by_category.items():
+            ns = sum(self.ns[k] for k in keys)
+            sureness, evidence = self._least_sure(category, ns)
+            row = {"category": category, "ms": round(ns / NS_PER_MS / steps, 3),
+                   "share": round(ns / NS_PER_MS / total_ms, 4) if total_ms else 0.0,
+                   "inherent": category in INHERENT, "confidence": sureness,
+                   **({"no_fix": NO_FIX[category]} if category in INHERENT else {}),
+                   "evidence": evidence,
+                   "origins": [self._origin(k, total_ms, steps) for k in keys[:TOP_ORIGINS]],
+                   "more_origins": len(keys[TOP_ORIGINS:]),
+                   "more_ms": round(sum(self.ns[k] for k in keys[TOP_ORIGINS:]) / NS_PER_MS
+                                    / steps, 3)}
+            if category == causes.PIPELINE_FILL and pipeline and pipeline.get("steps"):
+                ratio = pipeline["steps"][0]
+                row["bubble_ratio"] = {"measured": ratio["measured"], "theory": ratio["theory"]}
+            rows.append(row)
+        return sorted(rows, key=lambda r: -r["ms"])
+
+    def _least_sure(self, category: str, ns: float) -> tuple[str, str]:
+        """How sure a category's time is: its least sure part of WEIGHTY of it at least."""
+        parts = self.sureness[category]
+        weighty = [c for c in parts if c[0] >= WEIGHTY * ns] or [max(parts)]
+        _, level, evidence = min(weighty, key=lambda c: LEVELS.index(c[1]))
+        return level, evidence
+
+    def _origin(self, key: tuple, total_ms: float, steps: int) -> dict[str, object]:
+        ms = self.ns[key] / NS_PER_MS
+        return {**self.described(self.where[key]), "ms": round(ms / steps, 3),
+                "share": round(ms / total_ms, 4) if total_ms else 0.0}
+
+    def described(self, cause: Cause) -> dict[str, object]:
+        """Where a cause lies: rank, lane, op, and the group with absent members it waited on
+        (its label, how many of its members the bundle lacks)."""
+        where = {"rank": cause.rank, "lane": cause.lane, "name": cause.name}
+        if cause.group:
+            where |= {"group": cause.group,
+                      "group_label": self.labels.get(cause.group, cause.group),
+                      "absent_count": len(self.absent(cause.group))}
+        return where
+
+    def absent(self, group: str) -> list[int]:
+        """The members of `group` absent from the bundle ([] when the profile does not name
+        them)."""
+        return [r for r in self.members.get(group, ()) if r not in self.present]
+
+    def stalls(self, step: int | None) -> list[dict[str, object]]:
+        """The longest bubbles of any rank (of `step`), each with its largest cause."""
+        bubbles = [b for b in self.analysis.bubbles if step is None or b.step == step]
+        out = []
+        for bubble in bubbles[:TOP_STALLS]:
+            cause = next(iter(bubble_causes(bubble)), None)
+            origin = {} if cause is None else {"category": cause.category,
+                                               **self.described(cause),
+                                               "share": round(cause.share, 4)}
+            out.append({"rank": bubble.rank, "lane": bubble.lane, "name": bubble.name,
+                        "step": bubble.step, "ms": round(bubble.dur / NS_PER_MS, 3),
+                        "category": bubble.category, "confidence": bubble.sureness,
+                        "origin": origin})
+        return out
+
+    def to_profile(self) -> list[dict[str, object]]:
+        """The groups whose absent members the causes waited on, largest first."""
+        groups = sorted(((ns, key[1]) for key, ns in self.ns.items()
+                         if len(key) == 2 and key[1]), reverse=True)
+        return [{"group": g, "group_label": self.labels.get(g, g), "ms": round(ns / NS_PER_MS, 3),
+                 "ranks": self.absent(g)} for ns, g in groups]
+
+
+def straggling_excess(analysis: Analysis) -> dict[tuple[str, int], float]:
+    """(op name, rank) -> the share of that rank's median time for the name in excess of its
+    peers' median (the ranks doing the same work), where the peers run it too; a name only its
+    rank runs is all excess."""
+    try:
+        medians = name_medians(analysis.ops)
+    except (AttributeError, KeyError):  # a cluster's analysis: its ops lie on the workers
+        return {}
+    cls = medians["rank"].map(analysis.peers.classes)
+    medians = medians[cls.notna().to_numpy()]
+    if medians.empty:
+        return {}
+    codes, _ = pd.factorize(pd.MultiIndex.from_arrays([medians["name"], cls.dropna()]))
+    own = medians["median"].to_numpy(dtype=float)
+    others = median_of_others(own, codes)
+    share = np.where(np.isnan(others), 1.0, np.clip(1 - others / np.maximum(own, 1), 0, 1))
+    return dict(zip(zip(medians["name"], medians["rank"].astype(int), strict=True), share,
+                    strict=True))
+
+
+def _own_straggling(analysis: Analysis, step: int, rank: int, bubbles: list[Bubble]
+                    ) -> list[tuple[object, int]]:
+    """The slowest rank's own straggling compute on the step's critical path (segments on it
+    charged to compute_straggler), less what its bubbles already count."""
+    path = analysis.critical_paths.get(step, [])
+    spans = [(b.start, b.end) for b in bubbles]
+    out = []
+    for seg in path:
+        if seg.rank != rank or seg.category != causes.COMPUTE_STRAGGLER:
+            continue
+        covered = sum(max(0, min(seg.end, hi) - max(seg.start, lo)) for lo, hi in spans)
+        if seg.end - seg.start - covered > 0:
+            out.append((seg, seg.end - seg.start - covered))
+    return out
+
+
+def _fix(analysis: Analysis, listed: list[dict]) -> dict[str, object]:
+    """The fix for the largest cause that is not the job's own work, and its replayed gain: a
+    named `whatif --fix` that applies and gains, else the cause's gain ceiling."""
+    target = next((c for c in listed if not c["inherent"]), None)
+    if target is None:
+        return {"why": "no stall to fix: what held the step back is the job's own work"
+                       if listed else "no stall: the slowest rank computed the whole step"}
+    category = target["category"]
+    if why := analysis.no_replay():
+        return {"cause": category, "why": why}
+    ceilings = gain_ceilings(analysis)
+    row = next((r for r in ceilings.get("causes", []) if r["category"] == category), None)
+    ceiling = row.get("ceiling_ms") if row else None
+    named = _named_fix(analysis, category)
+    if named is not None:
+        return {"cause": category, **named, "ceiling_ms": ceiling}
+    if row is None:
+        refused = "; ".join(ceilings.get("refused", [])) or "no edit models its removal"
+        return {"cause": category, "why": refused}
+    if ceiling is None:
+        return {"cause": category, "why": row["why"]}
+    return {"cause": category, "edit": row["edit"], "gain_ms": ceiling,
+            "gain_pct": row["ceiling_pct"], "ceiling_ms": ceiling}
+
+
+def _named_fix(analysis: Analysis, category: str) -> dict[str, object] | None:
+    """The first named fix for `category` that changes the model and gains time by replay."""
+    subject = subject_of(analysis)
+    named = fixes()
+    for name in NAMED_FIXES.get(category, ()):
+        edit = named[name]
+        edited, change = edit.apply(subject, subject.model)
+        if edited is subject.model:
+            continue
+        time = predict(subject, [edit], threshold_ms=analysis.threshold_ms).step_time()
+        if time and time["gain_ms"] > 0:
+            return {"fix": name, "edit": edit.label, "change": change,
+                    "measured_ms": round(time["measured_ms"], 3),
+                    "predicted_ms": round(time["predicted_ms"], 3),
+                    "gain_ms": round(time["gain_ms"], 3), "gain_pct": round(time["gain_pct"], 2)}
+    return None
+
+
+def _finding(listed: list[dict], findings: list[dict], step_ms: float) -> dict | None:
+    """The finding that costs the most per step: a compute straggler (its share of the step)
+    or a warning finding (its exposed ms); None when nothing warns."""
+    candidates = []
+    straggler = next((c for c in listed if c["category"] == causes.COMPUTE_STRAGGLER), None)
+    if straggler is not None:
+        origin = straggler["origins"][0]
+        candidates.append((straggler["ms"], {
+            "kind": "compute_straggler", "severity": "warning",
+            "title": f"rank {origin['rank']} is a compute straggler: its time in excess of "
+                     f"its peers' (most in {origin['name']}) holds "
+                     f"{100 * straggler['share']:.0f} % of the step",
+            "impact_ms": straggler["ms"]}))
+    for found in findings:
+        if found["severity"] == "warning":
+            impact = _impact_ms(found)
+            candidates.append((impact, {"kind": found["kind"], "severity": "warning",
+                                        "title": found["title"], "impact_ms": impact}))
+    if not candidates:
+        return None
+    return max(candidates, key=lambda c: c[0])[1]
+
+
+def _impact_ms(finding: dict[str, object]) -> float:
+    """What a warning finding costs per step, as its evidence states it (0 if it does not)."""
+    evidence = finding.get("evidence") or {}
+    if "exposed_ms_per_step" in evidence:
+        return float(evidence["exposed_ms_per_step"])
+    worst = [d.get("worst_exposed_ms", 0.0) for d in (evidence.get("by_dim") or {}).values()]
+    return float(max(worst, default=0.0))
