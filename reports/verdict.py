@@ -139,23 +139,13 @@ def _profile_line(groups: list[dict[str, object]], top: int = 3, ranks: int = 3)
 
 # --- Markdown and HTML -----------------------------------------------------------------------
 def verdict_markdown(verdict: dict[str, object], title: str = "Verdict") -> list[str]:
-    """The verdict as a Markdown section: its lines, indented ones as a nested list."""
-    lines = [f"### {title}", ""]
-    for line in verdict_lines(verdict):
-        depth = (len(line) - len(line.lstrip())) // 2
-        lines.append("  " * depth + "- " + _markdown_text(line.strip()))
-    return lines + [""]
-
-
-def _markdown_text(text: str) -> str:
-    return text.replace("|", "\\|").replace("_", "\\_").replace("*", "\\*")
+    """The verdict as a Markdown section: its lines in a text block, aligned as in a terminal."""
+    return [f"### {title}", "", "```text", *verdict_lines(verdict), "```", ""]
 
 
 def verdict_html(verdict: dict[str, object]) -> str:
-    """The verdict as an HTML block at the top of the report."""
-    items = []
-    for line in verdict_lines(verdict):
-        depth = (len(line) - len(line.lstrip())) // 2
-        items.append(f"<li style=\"margin-left:{1.5 * depth:g}em\">{escape(line.strip())}</li>")
-    return ("<section class=\"verdict\"><h2>Verdict</h2><ul class=\"verdict\">"
-            + "".join(items) + "</ul></section>")
+    """The verdict as an HTML block at the top of the report: its lines as they are aligned in
+    the terminal, wrapped by the page."""
+    text = escape("\n".join(verdict_lines(verdict)))
+    return ("<section class=\"verdict\"><h2>Verdict</h2><pre style=\"white-space: pre-wrap; "
+            f"font-size: 0.9em\">{text}</pre></section>")

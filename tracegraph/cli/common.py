@@ -122,6 +122,20 @@ def inventory_of(trace: Trace, cache_dir: Path | None, no_cache: bool) -> dict[s
     return remember(trace, cache_dir, no_cache, "inventory", {}, lambda: inventory(trace))
 
 
+def pipeline_and_findings(analysis: Analysis, cache_dir: Path | None, no_cache: bool,
+                          threshold_ms: float) -> tuple[Any, list]:
+    """The pipeline recovered from `analysis` and its findings, kept in the cache."""
+    from tracegraph.analysis.findings import find_all
+    from tracegraph.analysis.pipeline import recover
+
+    options = {"threshold_ms": threshold_ms}
+    pipeline = remember(analysis.trace, cache_dir, no_cache, "pipeline", options,
+                        lambda: recover(analysis))
+    findings = remember(analysis.trace, cache_dir, no_cache, "findings", options,
+                        lambda: find_all(analysis, pipeline))
+    return pipeline, findings
+
+
 def remember(trace: Trace, cache_dir: Path | None, no_cache: bool, what: str,
              options: dict[str, object], compute: Callable[[], T]) -> T:
     """`compute()` of `trace`, kept in the cache for the next run (tracegraph.analysis.cache)."""
@@ -145,6 +159,15 @@ class Source(NamedTuple):
     def cluster(self) -> AbstractContextManager[Any]:
         """The `--dask` cluster's client for the command's duration, else None."""
         return cluster(self.dask, self.jobs)
+
+    def verdict(self, analysis: Analysis) -> dict[str, object]:
+        """The verdict of `analysis` (tracegraph.verdict), its findings kept in the cache."""
+        from tracegraph.verdict import verdict
+
+        pipeline, findings = pipeline_and_findings(analysis, self.cache_dir, self.no_cache,
+                                                   self.threshold_ms)
+        return verdict(analysis, findings=[f.as_dict() for f in findings],
+                       pipeline=pipeline.as_dict())
 
     def analysis(self, path: Path, client: Any = None) -> Analysis:
         """The bundle at `path` loaded (on `client`'s cluster, if any) and analysed."""

@@ -33,7 +33,14 @@ from reports.markdown import (
     verdict_line,
     violation_line,
 )
-from tracegraph.cli.common import Source, friendly_errors, inputs_exist, print_json, warn
+from tracegraph.cli.common import (
+    Source,
+    console,
+    friendly_errors,
+    inputs_exist,
+    print_json,
+    warn,
+)
 from tracegraph.cli.options import (
     Bundle,
     CacheDir,
@@ -152,7 +159,7 @@ class Outputs(NamedTuple):
         if self.as_json:
             print_json(report)
         else:
-            terminal(Console(), report)
+            terminal(console(), report)
 
 
 RuleSpec = tuple[Path | None, list[str]]  # --rules FILE, --preset NAMEs
@@ -201,6 +208,8 @@ def _diff(before: Path, after: Path, spec: RuleSpec, limit: float | None,
             from reports.diff_html import write_diff_html
 
             write_diff_html(old, new, report, html)
+        if outputs.markdown:  # what holds the after profile back, atop the summary
+            report["after"]["verdict"] = source.verdict(new)
     outputs.emit(report, lambda: diff_markdown(report), lambda: diff_junit(report, limit),
                  print_diff)
     _warn_nothing_verified(report)
@@ -244,6 +253,8 @@ def _check(bundle: Path, spec: RuleSpec, source: Source, outputs: Outputs,
         report = {"source": printable(str(bundle)),
                   "step_ms": round(metrics.step_time_ms(analysis), 3),
                   "checks": results, **_tally(results, allow_not_applicable)}
+        if outputs.markdown:  # what holds the profile back, atop the summary
+            report["verdict"] = source.verdict(analysis)
     report["passed"] = _checks_pass(report)
     outputs.emit(report, lambda: check_markdown(report), lambda: check_junit(report),
                  print_checks)
