@@ -18,7 +18,7 @@ from rich.text import Text
 
 from reports.critical_path import path_lines
 from reports.markdown import rank_sum
-from reports.verdict import verdict_lines
+from reports.verdict import named_groups, verdict_lines
 from tracegraph import causes
 from tracegraph.analysis.analyze import Analysis
 from tracegraph.loading.groups import group_labels
@@ -26,7 +26,6 @@ from tracegraph.verify import metrics
 
 CATEGORY_WIDTH = max(map(len, causes.CATEGORIES))  # category names line up in chains
 MOST_PIECES = 8  # pieces of a chain printed by default (the longest; the rest counted)
-_HCCL_LANE = re.compile(r"\bhccl (\S+)")
 _CATEGORY_WORDS = re.compile(r"\b(?:" + "|".join(map(re.escape, causes.CATEGORIES)) + r")\b")
 
 
@@ -45,9 +44,10 @@ def read_line(summary: dict[str, object], *, detail: bool = False, inventory: bo
     members = {m for g in summary["groups"] for m in g["ranks"]}
     absent = len(members - {r["rank"] for r in ranks})
     offsets = [abs(ns) for ns in summary.get("clock_offsets_ns", {}).values()]
-    parts = [f"read {len(ranks)} ranks (" + ", ".join(f"{n} {f}" for f, n in formats.items())
-             + f"; {events:,} events) from {summary['source']}",
-             f"{len(summary['groups'])} groups"
+    kinds = ", ".join(f"{n} {f}" for f, n in formats.items())
+    parts = [f"read {plural(len(ranks), 'rank')} ({kinds}; {events:,} events) from "
+             f"{summary['source']}",
+             plural(len(summary["groups"]), "group")
              + (f" ({absent} members absent from the bundle)" if absent else ""),
              plural(len(summary["steps"]), "step")]
     if offsets and max(offsets):
@@ -62,7 +62,11 @@ def print_bubbles(console: Console, summary: dict[str, object]) -> None:
     and its causes."""
     labels = group_labels(pd.DataFrame(summary["groups"])) if summary.get("groups") else {}
     total = summary["bubble_count"]
-    console.print(f"\n{len(summary['bubbles'])} of {total} bubbles, longest first:",
+    if not total:
+        console.print("\nno bubble: no stall on a main lane reached the threshold",
+                      highlight=False)
+        return
+    console.print(f"\n{len(summary['bubbles'])} of {plural(total, 'bubble')}, longest first:",
                   highlight=False)
     for bubble in summary["bubbles"]:
         text = chain_text(bubble, most=MOST_PIECES)
@@ -113,12 +117,6 @@ def print_analysis(console: Console, summary: dict[str, object],
         console.print(f"clock offsets applied: {shown}", highlight=False)
     for line in straggler_lines(summary):
         console.print(line, highlight=False)
-
-
-def named_groups(text: str, labels: dict[str, str]) -> str:
-    """`text` with the group ids that name HCCL lanes ("hccl 5862276114690318097") as the
-    groups' labels ("hccl group_name_5 (dp_cp)")."""
-    return _HCCL_LANE.sub(lambda m: f"hccl {labels.get(m[1], m[1])}", text) if labels else text
 
 
 def straggler_lines(summary: dict[str, object], shown: int = 8) -> list[str]:

@@ -3,15 +3,29 @@ sentences everywhere, read in ten seconds."""
 
 from __future__ import annotations
 
+import re
 from html import escape
 
+_HCCL_LANE = re.compile(r"\bhccl (\S+)")
 SHOWN_STEPS = 4  # steps named in the head line
 
 
 def verdict_lines(verdict: dict[str, object]) -> list[str]:
     """The verdict: step time and slowest rank, causes largest first (the largest one's origins
     below it), the longest stalls, the fix and its replayed gain, whom to profile, the finding
-    that costs the most, and what the data could not support."""
+    that costs the most, and what the data could not support. HCCL lanes named by their
+    group's label."""
+    labels = verdict.get("group_labels") or {}
+    return [named_groups(line, labels) for line in _lines(verdict)]
+
+
+def named_groups(text: str, labels: dict[str, str]) -> str:
+    """`text` with the group ids that name HCCL lanes ("hccl 5862276114690318097") as the
+    groups' labels ("hccl group_name_5 (dp_cp)")."""
+    return _HCCL_LANE.sub(lambda m: f"hccl {labels.get(m[1], m[1])}", text) if labels else text
+
+
+def _lines(verdict: dict[str, object]) -> list[str]:
     if not verdict.get("steps"):
         return ["verdict: no step to judge (" + "; ".join(verdict.get("notes", [])) + ")"]
     lines = [_head(verdict)]
@@ -71,8 +85,9 @@ def _cause_lines(listed: list[dict[str, object]], top: int = 4) -> list[str]:
         lines += [f"      {pct(o['share']):>7} {o['ms']:9.1f} ms  {origin_text(o)}"
                   for o in cause["origins"]]
         if cause["more_origins"]:
-            lines.append(f"      … {cause['more_origins']} more origins, "
-                         f"{cause['more_ms']:.1f} ms")
+            lines.append(f"      … {cause['more_origins']} more "
+                         + ("origin" if cause["more_origins"] == 1 else "origins")
+                         + f", {cause['more_ms']:.1f} ms")
     if len(listed) > top:
         rest = listed[top:]
         lines.append(f"  … {len(rest)} more causes, {sum(c['ms'] for c in rest):.1f} ms: "

@@ -40,6 +40,9 @@ NAMED_FIXES = {causes.DP_REDUCTION: ("decouple-reduction", "separate-queues"),
                **dict.fromkeys((causes.EP_ALLTOALL, causes.TP_COLLECTIVE, causes.CP_COLLECTIVE,
                                 causes.COLLECTIVE, causes.PP_P2P), ("separate-queues",))}
 """The `whatif --fix` edits that may remove a cause, tried in order where they apply."""
+EVIDENCE = {"separate-queues": "serialized_streams"}
+"""The finding a named fix needs before it is tried (a hardware queue shared by streams is
+inferred by time, and such a fix moves more than the cause)."""
 LISTED_SHARE = 0.05  # a bubble's causes listed beside its chain: those of this share at least
 STRAGGLER_CONFIDENCE = "high"  # a rank's own slow ops: measured against its peers' median
 LEVELS = ("low", "medium", "high")
@@ -111,7 +114,7 @@ def verdict(analysis: Analysis, *, findings: list[dict[str, object]] = (),
                          f"{row.rank}, the slowest with a timeline")
     total_ms = float(steps["ms"].sum())
     listed = origins.causes(total_ms, len(steps), pipeline)
-    fix = _fix(analysis, listed)
+    fix = _fix(analysis, listed, {f["kind"] for f in findings})
     return {
         "step_ms": round(float(np.median(steps["ms"])), 3),
         "steps": [{"step": int(r.step), "ms": round(float(r.ms), 3), "slowest_rank": int(r.rank),
@@ -126,6 +129,7 @@ def verdict(analysis: Analysis, *, findings: list[dict[str, object]] = (),
         "profile": origins.to_profile(),
         "finding": _finding(listed, findings, float(np.median(steps["ms"]))),
         "notes": notes,
+        "group_labels": origins.lane_labels(),
     }
 
 
@@ -245,6 +249,12 @@ class _Origins:
                       "absent_count": len(self.absent(cause.group))}
         return where
 
+    def lane_labels(self) -> dict[str, str]:
+        """Group id -> label of the groups whose ids name the lanes of the causes (HCCL
+        planes), for the reports to name them."""
+        lanes = " ".join(c.lane for c in self.where.values())
+        return {g: label for g, label in self.labels.items() if g != label and g in lanes}
+
     def absent(self, group: str) -> list[int]:
         """The members of `group` absent from the bundle ([] when the profile does not name
         them)."""
@@ -309,36 +319,41 @@ def _own_straggling(analysis: Analysis, step: int, rank: int, bubbles: list[Bubb
     return out
 
 
-def _fix(analysis: Analysis, listed: list[dict]) -> dict[str, object]:
+def _fix(analysis: Analysis, listed: list[dict], found: set[str]) -> dict[str, object]:
     """The fix for the largest cause that is not the job's own work, and its replayed gain: a
     named `whatif --fix` that applies and gains, else the cause's gain ceiling."""
-    target = next((c for c in listed if not c["inherent"]), None)
+    target = next((c for c in listed if c["category"] not in NO_FIX), None)
     if target is None:
-        return {"why": "no stall to fix: what held the step back is the job's own work"
+        return {"why": "no stall a fix is modelled for: what held the step back is the job's "
+                       "own work, or time the walk could not explain"
                        if listed else "no stall: the slowest rank computed the whole step"}
     category = target["category"]
     if why := analysis.no_replay():
         return {"cause": category, "why": why}
     ceilings = gain_ceilings(analysis)
+    if ceilings.get("refused"):  # the replay itself cannot run (lost events, a cycle)
+        return {"cause": category, "why": "; ".join(ceilings["refused"])}
     row = next((r for r in ceilings.get("causes", []) if r["category"] == category), None)
     ceiling = row.get("ceiling_ms") if row else None
-    named = _named_fix(analysis, category)
+    named = _named_fix(analysis, category, found)
     if named is not None:
         return {"cause": category, **named, "ceiling_ms": ceiling}
     if row is None:
-        refused = "; ".join(ceilings.get("refused", [])) or "no edit models its removal"
-        return {"cause": category, "why": refused}
+        return {"cause": category, "why": "no edit models its removal"}
     if ceiling is None:
         return {"cause": category, "why": row["why"]}
     return {"cause": category, "edit": row["edit"], "gain_ms": ceiling,
             "gain_pct": row["ceiling_pct"], "ceiling_ms": ceiling}
 
 
-def _named_fix(analysis: Analysis, category: str) -> dict[str, object] | None:
-    """The first named fix for `category` that changes the model and gains time by replay."""
+def _named_fix(analysis: Analysis, category: str, found: set[str]) -> dict[str, object] | None:
+    """The first named fix for `category` whose evidence was `found`, that changes the model
+    and gains time by replay."""
     subject = subject_of(analysis)
     named = fixes()
     for name in NAMED_FIXES.get(category, ()):
+        if name in EVIDENCE and EVIDENCE[name] not in found:
+            continue
         edit = named[name]
         edited, change = edit.apply(subject, subject.model)
         if edited is subject.model:

@@ -133,7 +133,7 @@ def _summary(bundle: Path, trace: Trace, summary: dict[str, object],
                              pipeline=pipeline)
         with_causes(summary["bubbles"], analysis, step)
         summary["verdict"] = verdict(analysis, findings=summary["findings"],
-                                     pipeline=summary["pipeline"], step=step)
+                                     pipeline=summary.get("pipeline"), step=step)
         with_device_steps(summary["ranks"], analysis)
         summary["warnings"] = trace.warnings + analysis.warnings
     return summary
