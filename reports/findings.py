@@ -16,7 +16,7 @@ def print_findings(console: Console, findings: list[dict[str, object]]) -> None:
     console.print("\nfindings:", highlight=False)
     for finding in findings:
         for line in finding_lines(finding):
-            console.print(line, highlight=False, markup=False, soft_wrap=True)
+            console.print(line, highlight=False, markup=False)
 
 
 def finding_lines(finding: dict[str, object]) -> list[str]:

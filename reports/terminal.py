@@ -72,7 +72,7 @@ def print_bubbles(console: Console, summary: dict[str, object]) -> None:
         text = chain_text(bubble, most=MOST_PIECES)
         if bubble.get("causes"):
             text += "\n  causes: " + "; ".join(cause_text(c) for c in bubble["causes"])
-        console.print(styled(named_groups(text, labels)), highlight=False, soft_wrap=True)
+        console.print(styled(named_groups(text, labels)), highlight=False)
 
 
 def plural(count: int, noun: str) -> str:
@@ -110,7 +110,7 @@ def print_analysis(console: Console, summary: dict[str, object],
         for line in step_bubble_lines(step, slowest.get(step["step"]), threshold):
             console.print(styled(line), highlight=False)
         for line in path_lines(summary["critical_path"].get(str(step["step"])), path_rank(step)):
-            console.print(styled(named_groups(line, labels)), highlight=False, soft_wrap=True)
+            console.print(styled(named_groups(line, labels)), highlight=False)
     offsets = summary["clock_offsets_ns"]
     if any(offsets.values()):
         shown = ", ".join(f"rank {r}: {ns / 1e3:+.1f} µs" for r, ns in offsets.items())

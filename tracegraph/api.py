@@ -74,7 +74,7 @@ class Result:
 
     def __repr__(self) -> str:
         return (f"<tracegraph.Result {self.analysis.trace.source}: "
-                f"{len(self.analysis.trace.rank_ids)} ranks, {len(self.steps['step'].unique())}"
+                f"{len(self.analysis.trace.rank_ids)} ranks, {plural(self.steps['step'].nunique(), 'step')}"
                 f" steps, {len(self.analysis.bubbles)} bubbles>")
 
     @property

@@ -52,6 +52,7 @@ def fit_output(width: int | None = None, quiet: bool = False) -> None:
     from tracegraph import progress
 
     out.width = width or (None if out.is_terminal else UNWRAPPED)
+    out.soft_wrap = not width  # a terminal wraps long lines itself, unbroken for copying
     progress.quiet(quiet)
 
 
