@@ -18,7 +18,7 @@ from rich.text import Text
 
 from reports.critical_path import path_lines
 from reports.markdown import rank_sum
-from reports.verdict import named_groups, verdict_lines
+from reports.verdict import named_groups, plural, verdict_lines
 from tracegraph import causes
 from tracegraph.analysis.analyze import Analysis
 from tracegraph.loading.groups import group_labels
@@ -73,11 +73,6 @@ def print_bubbles(console: Console, summary: dict[str, object]) -> None:
         if bubble.get("causes"):
             text += "\n  causes: " + "; ".join(cause_text(c) for c in bubble["causes"])
         console.print(styled(named_groups(text, labels)), highlight=False)
-
-
-def plural(count: int, noun: str) -> str:
-    """"1 step", "2 steps"."""
-    return f"{count} {noun}" + ("" if count == 1 else "s")
 
 
 def cause_text(cause: dict[str, object]) -> str:

@@ -40,6 +40,11 @@ def _lines(verdict: dict[str, object]) -> list[str]:
     return lines
 
 
+def plural(count: int, noun: str) -> str:
+    """"1 step", "2 steps"."""
+    return f"{count} {noun}" + ("" if count == 1 else "s")
+
+
 def pct(share: float, digits: int = 1) -> str:
     """A share as a percentage: "17.4 %"."""
     return f"{100 * share:.{digits}f} %"

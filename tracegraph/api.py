@@ -73,9 +73,12 @@ class Result:
         self._labels = group_labels(groups) if len(groups) else {}
 
     def __repr__(self) -> str:
-        return (f"<tracegraph.Result {self.analysis.trace.source}: "
-                f"{len(self.analysis.trace.rank_ids)} ranks, {plural(self.steps['step'].nunique(), 'step')}"
-                f" steps, {len(self.analysis.bubbles)} bubbles>")
+        from reports.verdict import plural
+
+        trace = self.analysis.trace
+        return (f"<tracegraph.Result {trace.source}: {plural(len(trace.rank_ids), 'rank')}, "
+                f"{plural(self.steps['step'].nunique(), 'step')}, "
+                f"{plural(len(self.analysis.bubbles), 'bubble')}>")
 
     @property
     def warnings(self) -> list[str]:
