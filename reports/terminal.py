@@ -48,7 +48,7 @@ def read_line(summary: dict[str, object], *, detail: bool = False, inventory: bo
     parts = [f"read {plural(len(ranks), 'rank')} ({kinds}; {events:,} events) from "
              f"{summary['source']}",
              plural(len(summary["groups"]), "group")
-             + (f" ({absent} members absent from the bundle)" if absent else ""),
+             + (f" ({plural(absent, 'member')} absent from the bundle)" if absent else ""),
              plural(len(summary["steps"]), "step")]
     if offsets and max(offsets):
         parts.append(f"clocks aligned by up to {max(offsets) / 1e6:.3f} ms")

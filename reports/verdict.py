@@ -59,8 +59,8 @@ def _head(verdict: dict[str, object]) -> str:
              f"{verdict['threshold_ms']:g} ms or more")
     if len(steps) == 1:
         s = steps[0]
-        return (f"step {_step(s['step'])}: {s['ms']:.1f} ms, slowest rank {s['slowest_rank']}, "
-                f"which stalled {share}")
+        step = f"step {s['step']}" if s["step"] >= 0 else "the whole trace (no step markers)"
+        return f"{step}: {s['ms']:.1f} ms, slowest rank {s['slowest_rank']}, which stalled {share}"
     shown = sorted(steps, key=lambda s: -s["ms"])[:SHOWN_STEPS]
     each = ", ".join(f"#{s['step']} {s['ms']:.1f} ms on rank {s['slowest_rank']}" for s in shown)
     more = f", … {len(steps) - len(shown)} more" if len(steps) > len(shown) else ""
@@ -68,13 +68,10 @@ def _head(verdict: dict[str, object]) -> str:
             f" the slowest ranks stalled {share}")
 
 
-def _step(step: int) -> str:
-    return str(step) if step >= 0 else "(whole trace, no step markers)"
-
-
 def _cause_lines(listed: list[dict[str, object]], top: int = 4) -> list[str]:
     if not listed:
-        return ["held back by: nothing but its own compute (no stall on the slowest rank)"]
+        return ["held back by: no stall on the slowest rank's main lane reached the threshold:"
+                " what the profile shows of its step is its own work"]
     lines = ["held back by, largest first (share of the step, ms per step, confidence):"]
     first = next((c for c in listed if not c["inherent"]), None)
     for cause in listed[:top]:

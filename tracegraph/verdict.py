@@ -29,11 +29,9 @@ from tracegraph.whatif.edits import fixes
 from tracegraph.whatif.predict import predict
 
 NS_PER_MS = 1e6
-TOP_CAUSES = 4  # categories listed
+SHOWN_MS = 0.05  # origins of less per step than this round to nothing: left out
 TOP_ORIGINS = 3  # origins listed per category
 TOP_STALLS = 3  # longest stalls named
-TOP_GROUPS = 3  # groups with absent members named to profile
-SHOWN_RANKS = 3  # ranks named per group to profile
 INHERENT = (causes.PIPELINE_FILL, causes.PEER_COMPUTE, causes.OWN_COMPUTE)
 """Categories that are the job's own work or schedule: listed, never the cause to fix."""
 NAMED_FIXES = {causes.DP_REDUCTION: ("decouple-reduction", "separate-queues"),
@@ -157,8 +155,8 @@ class _Origins:
     def __init__(self, analysis: Analysis) -> None:
         self.analysis = analysis
         self.excess = straggling_excess(analysis)
-        self.waiting_on_compute = causes.PIPELINE_FILL if pipelined_job(
-            analysis.ops.frame, analysis.trace.groups) else causes.PEER_COMPUTE
+        self.waiting_on_compute = causes.PIPELINE_FILL if _pipelined(analysis) else \
+            causes.PEER_COMPUTE
         self.labels = group_labels(analysis.trace.groups) if len(analysis.trace.groups) else {}
         self.members = analysis.trace.group_members()
         self.present = set(analysis.trace.rank_ids)
@@ -206,7 +204,8 @@ class _Origins:
         """Per category, largest first: ms per step, share of the step, how sure, and its
         origins (the TOP_ORIGINS largest; the rest counted)."""
         by_category: dict[str, list[tuple]] = {}
-        for key in sorted(self.ns, key=lambda k: -self.ns[k]):
+        shown = [k for k in self.ns if self.ns[k] / NS_PER_MS / steps >= SHOWN_MS]
+        for key in sorted(shown, key=lambda k: -self.ns[k]):
             by_category.setdefault(key[0], []).append(key)
         rows = []
         for category, keys in by_category.items():
@@ -286,11 +285,8 @@ class _Origins:
 def straggling_excess(analysis: Analysis) -> dict[tuple[str, int], float]:
     """(op name, rank) -> the share of that rank's median time for the name in excess of its
     peers' median (the ranks doing the same work), where the peers run it too; a name only its
-    rank runs is all excess."""
-    try:
-        medians = name_medians(analysis.ops)
-    except (AttributeError, KeyError):  # a cluster's analysis: its ops lie on the workers
-        return {}
+    rank runs is all excess. The medians are taken rank by rank where the ranks lie."""
+    medians = analysis.table_by_part(_name_medians)
     cls = medians["rank"].map(analysis.peers.classes)
     medians = medians[cls.notna().to_numpy()]
     if medians.empty:
@@ -301,6 +297,19 @@ def straggling_excess(analysis: Analysis) -> dict[tuple[str, int], float]:
     share = np.where(np.isnan(others), 1.0, np.clip(1 - others / np.maximum(own, 1), 0, 1))
     return dict(zip(zip(medians["name"], medians["rank"].astype(int), strict=True), share,
                     strict=True))
+
+
+def _name_medians(part: Analysis) -> pd.DataFrame:
+    return name_medians(part.ops)
+
+
+def _pipelined(analysis: Analysis) -> bool:
+    """Whether the job has a pipeline (`blame.pipelined_job`), judged where its ranks lie."""
+    return any(analysis.by_part(_pipelined_part, analysis.trace.groups))
+
+
+def _pipelined_part(part: Analysis, groups: pd.DataFrame) -> bool:
+    return pipelined_job(part.ops.frame, groups)
 
 
 def _own_straggling(analysis: Analysis, step: int, rank: int, bubbles: list[Bubble]
@@ -326,7 +335,7 @@ def _fix(analysis: Analysis, listed: list[dict], found: set[str]) -> dict[str, o
     if target is None:
         return {"why": "no stall a fix is modelled for: what held the step back is the job's "
                        "own work, or time the walk could not explain"
-                       if listed else "no stall: the slowest rank computed the whole step"}
+                       if listed else "no stall on the slowest rank to remove"}
     category = target["category"]
     if why := analysis.no_replay():
         return {"cause": category, "why": why}

@@ -168,7 +168,7 @@ class Source(NamedTuple):
         pipeline, findings = pipeline_and_findings(analysis, self.cache_dir, self.no_cache,
                                                    self.threshold_ms)
         return verdict(analysis, findings=[f.as_dict() for f in findings],
-                       pipeline=pipeline.as_dict())
+                       pipeline=pipeline.as_dict() if pipeline is not None else None)
 
     def analysis(self, path: Path, client: Any = None) -> Analysis:
         """The bundle at `path` loaded (on `client`'s cluster, if any) and analysed."""
