@@ -198,6 +198,10 @@ def test_every_reading_command_runs_on_the_cluster(tmp_path: Path) -> None:
             assert local_json["verdict"].pop("fix")["gain_ms"] > 190  # rank 1's 200 ms sleep
             assert remote_json["verdict"].pop("fix") == {"cause": "compute_straggler",
                                                          "why": ON_CLUSTER}
+            found = (side["verdict"].pop("finding")["title"] for side in (local_json,
+                                                                          remote_json))
+            local_title, remote_title = found  # the replayed gain said without a cluster only
+            assert local_title.startswith(remote_title) and "rank 1 is a" in remote_title
         assert remote_json == local_json
     terminal = _cli("analyze", bundle, "--no-cache", "--dask", "local", "--jobs", "2")
     assert f"gain ceilings not computed: {ON_CLUSTER}" in " ".join(terminal.stdout.split())

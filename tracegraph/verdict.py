@@ -1,9 +1,10 @@
 """The verdict: what an engineer reads first about a bundle, in ten seconds.
 
 The step time and its slowest rank; the causes that held the step back, largest first — the
-slowest rank's stalls (its bubbles, decomposed) and its own straggling compute, grouped by origin
-(rank, lane, op, or the group whose absent members it waited on), each with its share of the
-step and how sure the chain is; the fix for the largest cause that is not the schedule's own and
+slowest rank's stalls (its bubbles, decomposed as blame charges them) and, when it is a
+straggler itself, its own compute's excess over its peers', grouped by origin (rank, lane, op,
+or the group whose absent members it waited on), each with its share of the step and how sure
+the chain is; the fix for the largest cause that is not the schedule's own and
 what replaying the dependency graph says it gains (a named `whatif` fix where one applies, else
 the cause's gain ceiling); the longest stalls and their origin; whom to profile when the origin
 is outside the bundle; and the one finding that costs the most.
@@ -13,14 +14,15 @@ Plain data (the `verdict` of `analyze --json`); reports/verdict.py renders it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections import Counter
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
 from tracegraph import causes
 from tracegraph.analysis.analyze import Analysis
-from tracegraph.analysis.blame import Bubble, pipelined_job
+from tracegraph.analysis.blame import Bubble
 from tracegraph.analysis.stragglers import median_of_others, name_medians
 from tracegraph.loading.groups import group_labels
 from tracegraph.verify import metrics
@@ -82,7 +84,7 @@ def with_causes(shown: list[dict[str, object]], analysis: Analysis, step: int | 
                 share: float = LISTED_SHARE) -> None:
     """Each bubble of a summary (`shown`: the first of the analysis' bubbles of `step`, as
     `summarize` lists them) with its `causes` of at least `share` of it, largest first."""
-    labels = group_labels(analysis.trace.groups) if len(analysis.trace.groups) else {}
+    labels = distinct_labels(analysis)
     bubbles = (b for b in analysis.bubbles if step is None or b.step == step)
     for row, bubble in zip(shown, bubbles, strict=False):
         row["causes"] = [{"category": c.category, "rank": c.rank, "lane": c.lane,
@@ -93,6 +95,16 @@ def with_causes(shown: list[dict[str, object]], analysis: Analysis, step: int | 
                          for c in bubble_causes(bubble) if c.share >= share]
 
 
+def distinct_labels(analysis: Analysis) -> dict[str, str]:
+    """Group id -> how the verdict names it: `group_labels`' label, with the id beside a label
+    other groups share ("dp (group 5)": Kineto names every DP group by its description)."""
+    groups = analysis.trace.groups
+    labels = group_labels(groups) if len(groups) else {}
+    shared = Counter(labels.values())
+    return {g: f"{label} (group {g})" if shared[label] > 1 and label != g else label
+            for g, label in labels.items()}
+
+
 def verdict(analysis: Analysis, *, findings: list[dict[str, object]] = (),
             pipeline: dict[str, object] | None = None, step: int | None = None
             ) -> dict[str, object]:
@@ -101,7 +113,7 @@ def verdict(analysis: Analysis, *, findings: list[dict[str, object]] = (),
     steps = _slowest_ranks(analysis, step)
     if steps.empty:
         return {"steps": [], "causes": [], "stalls": [], "profile": [], "fix": {},
-                "finding": _finding([], findings, 0.0), "notes": ["no step and no timeline"]}
+                "finding": _finding([], findings, {}), "notes": ["no step and no timeline"]}
     origins = _Origins(analysis)
     notes = []
     for row in steps.itertuples(index=False):
@@ -125,7 +137,7 @@ def verdict(analysis: Analysis, *, findings: list[dict[str, object]] = (),
         "stalls": origins.stalls(step),
         "fix": fix,
         "profile": origins.to_profile(),
-        "finding": _finding(listed, findings, float(np.median(steps["ms"]))),
+        "finding": _finding(listed, findings, fix),
         "notes": notes,
         "group_labels": origins.lane_labels(),
     }
@@ -142,9 +154,9 @@ def _slowest_ranks(analysis: Analysis, step: int | None) -> pd.DataFrame:
         timed = mine[~mine["stated"]]
         if timed.empty:
             continue
-        slowest, fastest = mine.loc[mine["ms"].idxmax()], timed.loc[timed["ms"].idxmax()]
+        slowest, slowest_timed = mine.loc[mine["ms"].idxmax()], timed.loc[timed["ms"].idxmax()]
         stated = bool(slowest["stated"])
-        rows.append((int(s), float(slowest["ms"]), int(fastest["rank"]),
+        rows.append((int(s), float(slowest["ms"]), int(slowest_timed["rank"]),
                      int(slowest["rank"]) if stated else -1, float(slowest["ms"])))
     return pd.DataFrame(rows, columns=["step", "ms", "rank", "stated_rank", "stated_ms"])
 
@@ -155,9 +167,7 @@ class _Origins:
     def __init__(self, analysis: Analysis) -> None:
         self.analysis = analysis
         self.excess = straggling_excess(analysis)
-        self.waiting_on_compute = causes.PIPELINE_FILL if _pipelined(analysis) else \
-            causes.PEER_COMPUTE
-        self.labels = group_labels(analysis.trace.groups) if len(analysis.trace.groups) else {}
+        self.labels = distinct_labels(analysis)
         self.members = analysis.trace.group_members()
         self.present = set(analysis.trace.rank_ids)
         self.ns: dict[tuple, float] = {}
@@ -171,23 +181,11 @@ class _Origins:
         self.stalled_ns[step] = sum(b.dur for b in bubbles)
         for bubble in bubbles:
             for cause in bubble_causes(bubble):
-                slow, rest = self._split(cause)
-                self._add(slow, bubble.sureness, bubble.evidence)
-                self._add(replace(cause, category=self.waiting_on_compute, ns=rest),
-                          bubble.sureness, bubble.evidence)
+                self._add(cause, bubble.sureness, bubble.evidence)
         for seg, ns in _own_straggling(self.analysis, step, rank, bubbles):
-            own = Cause(causes.COMPUTE_STRAGGLER, seg.rank, seg.lane, seg.name, "", ns, 1.0)
-            self._add(self._split(own)[0], STRAGGLER_CONFIDENCE,
-                      "its own ops against its peers' median")
-
-    def _split(self, cause: Cause) -> tuple[Cause, int]:
-        """A straggler's cause as its slowness alone (its op's excess over its peers' median
-        of the same op), and the ns left: waiting on compute that would have been there at
-        the peers' speed too. Other causes whole."""
-        if cause.category != causes.COMPUTE_STRAGGLER:
-            return cause, 0
-        slow = round(cause.ns * self.excess.get((cause.name, cause.rank), 1.0))
-        return replace(cause, ns=slow), cause.ns - slow
+            excess = round(ns * self.excess.get((seg.name, seg.rank), 1.0))
+            self._add(Cause(causes.COMPUTE_STRAGGLER, seg.rank, seg.lane, seg.name, "", excess,
+                            1.0), STRAGGLER_CONFIDENCE, "its own ops against its peers' median")
 
     def _add(self, cause: Cause, sureness: str, evidence: str) -> None:
         if cause.ns <= 0:
@@ -303,15 +301,6 @@ def _name_medians(part: Analysis) -> pd.DataFrame:
     return name_medians(part.ops)
 
 
-def _pipelined(analysis: Analysis) -> bool:
-    """Whether the job has a pipeline (`blame.pipelined_job`), judged where its ranks lie."""
-    return any(analysis.by_part(_pipelined_part, analysis.trace.groups))
-
-
-def _pipelined_part(part: Analysis, groups: pd.DataFrame) -> bool:
-    return pipelined_job(part.ops.frame, groups)
-
-
 def _own_straggling(analysis: Analysis, step: int, rank: int, bubbles: list[Bubble]
                     ) -> list[tuple[object, int]]:
     """The slowest rank's own straggling compute on the step's critical path (segments on it
@@ -376,18 +365,21 @@ def _named_fix(analysis: Analysis, category: str, found: set[str]) -> dict[str, 
     return None
 
 
-def _finding(listed: list[dict], findings: list[dict], step_ms: float) -> dict | None:
-    """The finding that costs the most per step: a compute straggler (its share of the step)
-    or a warning finding (its exposed ms); None when nothing warns."""
+def _finding(listed: list[dict], findings: list[dict], fix: dict) -> dict | None:
+    """The finding that costs the most per step: a compute straggler (the time the step spent
+    on it) or a warning finding (its exposed ms); None when nothing warns."""
     candidates = []
     straggler = next((c for c in listed if c["category"] == causes.COMPUTE_STRAGGLER), None)
     if straggler is not None:
         origin = straggler["origins"][0]
+        gain = (f"; at its peers' speed the step would be {fix['gain_ms']:.1f} ms shorter by "
+                "replay" if fix.get("cause") == causes.COMPUTE_STRAGGLER and "gain_ms" in fix
+                else "")
         candidates.append((straggler["ms"], {
             "kind": "compute_straggler", "severity": "warning",
-            "title": f"rank {origin['rank']} is a compute straggler: its time in excess of "
-                     f"its peers' (most in {origin['name']}) holds "
-                     f"{100 * straggler['share']:.0f} % of the step",
+            "title": f"rank {origin['rank']} is a compute straggler: the step spends "
+                     f"{100 * straggler['share']:.0f} % of its time on its slow compute (most "
+                     f"in {origin['name'][:60]}){gain}",
             "impact_ms": straggler["ms"]}))
     for found in findings:
         if found["severity"] == "warning":
