@@ -19,7 +19,7 @@ from tracegraph.verdict import bubble_causes, verdict
 NS_PER_MS = 1e6
 
 
-def analyze(path: str | Path, *, threshold_ms: float = 1.0, cache_dir: Path | None = None,
+def analyze(path: str | Path, *, threshold_ms: float = 1.0, cache_dir: str | Path | None = None,
             use_cache: bool = True, jobs: int | None = None,
             rank_map: dict[str, int] | None = None, progress: bool = True) -> Result:
     """Load the bundle at `path` (folder, archive or file) and analyse it: the `Result`. Its
@@ -33,6 +33,7 @@ def analyze(path: str | Path, *, threshold_ms: float = 1.0, cache_dir: Path | No
     from tracegraph.loading.cache import default_cache_dir
     from tracegraph.loading.loader import load
 
+    cache_dir = Path(cache_dir) if cache_dir is not None else None  # a str as well
     trace = load(path, cache_dir=cache_dir, use_cache=use_cache, jobs=jobs, rank_map=rank_map,
                  progress=progress)
     store = (cache_dir or default_cache_dir()) if use_cache else None
