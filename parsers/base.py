@@ -42,6 +42,7 @@ class RankFiles:
     root: str  # display path of the profile (a file or a folder) inside the bundle
     files: dict[str, str]  # role -> member path, e.g. {"trace": ".../trace_view.json"}
     rank: int | None = None  # rank id known from discovery (file name, profiler_info_N.json)
+    alone: bool = False  # the bundle's only profile: a rank it does not state is 0 (warned)
 
 
 @dataclass

@@ -147,7 +147,8 @@ def discover(names: list[str], sniffs: Sniffs,
         shown = ", ".join(ignored[:5]) + (", ..." if len(ignored) > 5 else "")
         notes.append(f"ignored {len(ignored)} {kind} file(s) that are not profiles: {shown}")
     profiles.sort(key=lambda p: (p.rank is None, p.rank or 0, p.root))
-    return [replace(p, root=printable(p.root)) for p in profiles], notes
+    alone = len(profiles) == 1
+    return [replace(p, root=printable(p.root), alone=alone) for p in profiles], notes
 
 
 def split(profiles: list[RankFiles], read: MemberReader) -> list[RankFiles]:

@@ -946,6 +946,10 @@ def parse(files: RankFiles, read: Reader) -> ParsedRank:
     damaged = {f"distributedInfo.rank {info['rank']!r:.40} (no rank id)": 1} if (
         rank is None and info.get("rank") is not None) else {}
     rank = files.rank if rank is None else rank
+    if rank is None and files.alone:
+        warnings.append(f"{files.root}: no rank stated (no distributedInfo.rank, none in its "
+                        "name); taken as rank 0 (--rank-map sets it)")
+        rank = 0
     if rank is None:
         raise TraceError(f"{files.root}: no rank id (no distributedInfo.rank, none in the file "
                          f"name); pass --rank-map")

@@ -7,6 +7,7 @@ from html import escape
 from rich.console import Console
 
 MARK = {"warning": "!", "info": "·"}
+SHOWN_LINES = 6  # evidence lines of a finding in the terminal (one per rank at most grows)
 
 
 def print_findings(console: Console, findings: list[dict[str, object]]) -> None:
@@ -16,13 +17,16 @@ def print_findings(console: Console, findings: list[dict[str, object]]) -> None:
     console.print("\nfindings:", highlight=False)
     for finding in findings:
         for line in finding_lines(finding):
-            console.print(line, highlight=False, markup=False, soft_wrap=True)
+            console.print(line, highlight=False, markup=False)
 
 
-def finding_lines(finding: dict[str, object]) -> list[str]:
-    """A finding as plain text lines."""
+def finding_lines(finding: dict[str, object], most: int = SHOWN_LINES) -> list[str]:
+    """A finding as plain text lines: its title, its first `most` evidence lines (the others
+    counted), what to try."""
     lines = [f"{MARK.get(finding['severity'], '·')} {finding['title']}"]
-    lines += [f"    {line}" for line in finding["lines"]]
+    lines += [f"    {line}" for line in finding["lines"][:most]]
+    if len(finding["lines"]) > most:
+        lines.append(f"    … {len(finding['lines']) - most} more (--json lists all)")
     if finding["severity"] == "warning":
         lines.append(f"    try: {finding['suggestion']}")
     return lines

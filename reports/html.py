@@ -1,5 +1,6 @@
 """The HTML report: one self-contained page (plotly.js embedded, no network) per analysis.
 
+The verdict first (tracegraph.verdict), then what was read and the findings.
 Per step: the step time, bubble share (rank·ms summed over the ranks), the slowest rank's own
 exposed bubble time by cause, the top causes, the waterfall (reports/waterfall.py) and, when stages
 and microbatches can be recovered, the pipeline view (reports/pipeline.py). Then the bubble time
@@ -17,12 +18,14 @@ from reports.critical_path import path_table
 from reports.findings import findings_html
 from reports.markdown import rank_sum
 from reports.pipeline import pipeline_figure
+from reports.verdict import verdict_html
 from reports.waterfall import MAX_SEGMENTS, waterfall
 from reports.whatif import ceilings_html, whatif_sections
 from tracegraph import causes
 from tracegraph.analysis.analyze import PROGRESS_EVENTS
 from tracegraph.analysis.summary import summarize
 from tracegraph.progress import Progress
+from tracegraph.verdict import verdict
 from tracegraph.verify import metrics
 
 MAX_STEPS = 8  # steps drawn when none is chosen: the slowest ones
@@ -59,8 +62,10 @@ def render(analysis, *, step: int | None = None, top: int = 10, pipeline=None,
 
         findings = find_all(analysis, pipeline)
     found = [f.as_dict() for f in findings]
-    body = [f"<h1>{escape(title)}</h1>", _overview(analysis, steps, pipeline),
-            findings_html(found), *sections,
+    judged = verdict(analysis, findings=found, step=step,
+                     pipeline=pipeline.as_dict(step) if pipeline is not None else None)
+    body = [f"<h1>{escape(title)}</h1>", verdict_html(judged),
+            _overview(analysis, steps, pipeline), findings_html(found), *sections,
             *whatif_sections(prediction, figures, _figure_html), _totals(analysis, step)]
     return ("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">"
             f"<title>{escape(title)}</title><style>{STYLE}</style></head><body>\n"

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from reports.verdict import verdict_markdown
+
 STATE_TITLES = {"disappeared": "Chains that disappeared", "shrank": "Chains that shrank",
                 "grew": "Chains that grew", "appeared": "Chains that appeared"}
 VERDICT_MARKS = {"improved": "✅", "unchanged": "➖", "noise": "〰️", "regressed": "❌"}
@@ -117,6 +119,8 @@ def diff_markdown(report: dict[str, object], *, limit: int = 10) -> str:
     if max(len(before["runs"]), len(after["runs"])) > 1:
         lines += _section("Runs (ms, median over steps)", ["side", "run", "profile", "step time"],
                           runs_rows(report))
+    if after.get("verdict"):
+        lines += verdict_markdown(after["verdict"], "What holds the after profile back")
     lines += _section("Step time (ms, median over steps)", ["rank", "before", "after", "change"],
                       [[r["rank"], ms(r["before_ms"]), ms(r["after_ms"]), pct(r["change_pct"])]
                        for r in report["ranks"]])
@@ -173,6 +177,8 @@ def check_markdown(report: dict[str, object], *, limit: int = 10) -> str:
     mark = "⚠️" if report["nothing_verified"] else ("✅" if report["passed"] else "❌")
     lines = [f"## tracegraph check {mark} {checks_line(report['check_counts'])}", "",
              f"profile `{report['source']}` · step time {ms(report['step_ms'])} ms", ""]
+    if report.get("verdict"):
+        lines += verdict_markdown(report["verdict"])
     lines += _nothing_verified(report)
     lines += _section("Checks", ["check", "result", "measured"],
                       [[c["name"], check_status(c), c["summary"]] for c in report["checks"]])

@@ -10,6 +10,7 @@ from tracegraph.analysis.pipeline import FB, B, F, Pipeline, W
 PHASE_COLORS = {F: "#4c9be8", B: "#5bb85b", W: "#a173d1", FB: "#3aa39a"}
 MAX_LABELLED = 3_000  # blocks beyond this many are drawn without their microbatch label
 NS_PER_MS = 1e6
+SHOWN_STEPS = 4  # steps listed in the terminal
 
 
 def pipeline_figure(pipeline: Pipeline, step: int, origin: int) -> go.Figure:
@@ -55,7 +56,9 @@ def pipeline_lines(summary: dict | None) -> list[str]:
     lines = [f"\npipeline ({summary['source']}):"]
     lines += [f"  step {s['step']}: p={s['stages']} v={s['chunks']} m={s['microbatches']}, "
               f"bubble ratio measured {s['measured']:.3f} vs theory (p−1)/(v·m) "
-              f"{s['theory']:.3f}" for s in summary["steps"]]
+              f"{s['theory']:.3f}" for s in summary["steps"][:SHOWN_STEPS]]
+    if len(summary["steps"]) > SHOWN_STEPS:
+        lines.append(f"  … {len(summary['steps']) - SHOWN_STEPS} more steps")
     if summary["reason"]:
         lines.append(f"  not drawn: {summary['reason']}")
     return lines

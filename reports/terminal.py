@@ -1,4 +1,5 @@
-"""Analysis summaries as terminal text: per-step tables and bubble chains like the seed's.
+"""Analysis summaries as terminal text: the verdict, what was read, bubble chains like the
+seed's, and per step (`--detail`) its tables and critical path.
 
 A step's bubble time by cause is summed over its ranks (rank·ms, and said so); beside it stands the
 slowest rank's own exposed bubble time, which is what the step time holds.
@@ -7,6 +8,7 @@ slowest rank's own exposed bubble time, which is what the step time holds.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from itertools import groupby
 
 import pandas as pd
@@ -16,21 +18,66 @@ from rich.text import Text
 
 from reports.critical_path import path_lines
 from reports.markdown import rank_sum
+from reports.verdict import named_groups, plural, verdict_lines
 from tracegraph import causes
 from tracegraph.analysis.analyze import Analysis
 from tracegraph.loading.groups import group_labels
 from tracegraph.verify import metrics
 
 CATEGORY_WIDTH = max(map(len, causes.CATEGORIES))  # category names line up in chains
-_HCCL_LANE = re.compile(r"\bhccl (\S+)")
+MOST_PIECES = 8  # pieces of a chain printed by default (the longest; the rest counted)
 _CATEGORY_WORDS = re.compile(r"\b(?:" + "|".join(map(re.escape, causes.CATEGORIES)) + r")\b")
+
+
+def print_verdict(console: Console, verdict: dict[str, object]) -> None:
+    """The verdict (tracegraph.verdict), categories in their colours."""
+    for line in verdict_lines(verdict):
+        console.print(styled(line), highlight=False)
+
+
+def read_line(summary: dict[str, object], *, detail: bool = False, inventory: bool = False
+              ) -> str:
+    """What was read, in one line, and the flags that list it in full."""
+    ranks = summary["ranks"]
+    formats = Counter(str(r.get("format") or r["framework"]) for r in ranks)
+    events = sum(r["events"] for r in ranks)
+    members = {m for g in summary["groups"] for m in g["ranks"]}
+    absent = len(members - {r["rank"] for r in ranks})
+    offsets = [abs(ns) for ns in summary.get("clock_offsets_ns", {}).values()]
+    kinds = ", ".join(f"{n} {f}" for f, n in formats.items())
+    parts = [f"read {plural(len(ranks), 'rank')} ({kinds}; {events:,} events) from "
+             f"{summary['source']}",
+             plural(len(summary["groups"]), "group")
+             + (f" ({plural(absent, 'member')} absent from the bundle)" if absent else ""),
+             plural(len(summary["steps"]), "step")]
+    if offsets and max(offsets):
+        parts.append(f"clocks aligned by up to {max(offsets) / 1e6:.3f} ms")
+    more = [flag for flag, shown in (("--inventory lists them", inventory),
+                                     ("--detail adds the per-step tables", detail)) if not shown]
+    return "\n" + ", ".join(parts) + (f" ({'; '.join(more)})" if more else "")
+
+
+def print_bubbles(console: Console, summary: dict[str, object]) -> None:
+    """The top bubbles, longest first, each with its chain (its MOST_PIECES longest pieces)
+    and its causes."""
+    labels = group_labels(pd.DataFrame(summary["groups"])) if summary.get("groups") else {}
+    total = summary["bubble_count"]
+    if not total:
+        console.print("\nno bubble: no stall on a main lane reached the threshold",
+                      highlight=False)
+        return
+    console.print(f"\n{len(summary['bubbles'])} of {plural(total, 'bubble')}, longest first:",
+                  highlight=False)
+    for bubble in summary["bubbles"]:
+        text = chain_text(bubble, most=MOST_PIECES)
+        console.print(styled(named_groups(text, labels)), highlight=False)
 
 
 def print_analysis(console: Console, summary: dict[str, object],
                    analysis: Analysis | None = None) -> None:
-    """Step times, bubble time per category (summed over ranks; with `analysis`, the slowest
-    rank's own too), each step's critical path, and the top bubbles with their causal
-    chains."""
+    """Per step: step time per rank, bubble time per category (summed over ranks; with
+    `analysis`, the slowest rank's own too) and the critical path; then the clock offsets and
+    the compute stragglers (`analyze --detail`)."""
     slowest = metrics.slowest_rank_bubbles(analysis) if analysis is not None else {}
     labels = group_labels(pd.DataFrame(summary["groups"])) if summary.get("groups") else {}
     for step in summary["steps"]:
@@ -48,25 +95,13 @@ def print_analysis(console: Console, summary: dict[str, object],
         for line in step_bubble_lines(step, slowest.get(step["step"]), threshold):
             console.print(styled(line), highlight=False)
         for line in path_lines(summary["critical_path"].get(str(step["step"])), path_rank(step)):
-            console.print(styled(named_groups(line, labels)), highlight=False, soft_wrap=True)
+            console.print(styled(named_groups(line, labels)), highlight=False)
     offsets = summary["clock_offsets_ns"]
     if any(offsets.values()):
         shown = ", ".join(f"rank {r}: {ns / 1e3:+.1f} µs" for r, ns in offsets.items())
         console.print(f"clock offsets applied: {shown}", highlight=False)
     for line in straggler_lines(summary):
         console.print(line, highlight=False)
-    total = summary["bubble_count"]
-    console.print(f"\n{len(summary['bubbles'])} of {total} bubbles, longest first:",
-                  highlight=False)
-    for bubble in summary["bubbles"]:
-        console.print(styled(named_groups(chain_text(bubble), labels)), highlight=False,
-                      soft_wrap=True)
-
-
-def named_groups(text: str, labels: dict[str, str]) -> str:
-    """`text` with the group ids that name HCCL lanes ("hccl 5862276114690318097") as the
-    groups' labels ("hccl group_name_5 (dp_cp)")."""
-    return _HCCL_LANE.sub(lambda m: f"hccl {labels.get(m[1], m[1])}", text) if labels else text
 
 
 def straggler_lines(summary: dict[str, object], shown: int = 8) -> list[str]:
@@ -135,8 +170,9 @@ def styled(line: str) -> Text:
     return text
 
 
-def chain_text(bubble: dict[str, object]) -> str:
-    """One bubble as a readable diagram: the wait, its chain of ranks, each charged interval."""
+def chain_text(bubble: dict[str, object], most: int | None = None) -> str:
+    """One bubble as a readable diagram: the wait, its chain of ranks, each charged interval
+    (the `most` longest, in time order, the others counted in one line)."""
     end = bubble["start_ms"] + bubble["dur_ms"]
     lines = [
         f"rank {bubble['rank']} {bubble['lane']}  {bubble['name']}  "
@@ -144,12 +180,18 @@ def chain_text(bubble: dict[str, object]) -> str:
         f"[{bubble['category']}]",
         "  chain: " + " ← ".join(f"rank {r}" for r in bubble["chain"]) + _sureness(bubble),
     ]
-    for piece in merged_intervals(bubble["intervals"]):
+    pieces = merged_intervals(bubble["intervals"])
+    kept = pieces if most is None or len(pieces) <= most else sorted(
+        sorted(pieces, key=lambda p: -p["dur_ms"])[:most], key=lambda p: p["start_ms"])
+    for piece in kept:
         note = f"  ({piece['note']})" if piece["note"] else ""
         lines.append(
             f"    {piece['start_ms']:.3f}–{piece['end_ms']:.3f} {piece['dur_ms']:9.3f} ms  "
             f"{piece['category']:<{CATEGORY_WIDTH}} rank {piece['rank']} {piece['lane']}  "
             f"{piece['name'][:60]}{note}")
+    if len(kept) < len(pieces):
+        rest = [p for p in pieces if p not in kept]
+        lines.append(f"    … {len(rest)} shorter pieces, {sum(p['dur_ms'] for p in rest):.3f} ms")
     return "\n".join(lines + cause_lines(bubble))
 
 

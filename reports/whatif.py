@@ -77,7 +77,7 @@ def print_prediction(console: Console, summary: dict[str, object]) -> None:
                                  f"{seg['end_ms'] - seg['start_ms']:9.3f} ms  {seg['kind']:<8} "
                                  f"rank {seg['rank']} {seg['lane']}  {seg['name'][:50]}"
                                  + (f"  [{seg['category']}]" if seg.get("category") else "")),
-                          highlight=False, soft_wrap=True)
+                          highlight=False)
     for note in summary["notes"]:
         console.print(f"note: {note}", highlight=False, markup=False)
 
@@ -99,7 +99,7 @@ def print_ceilings(console: Console, ceilings: dict[str, object] | None) -> None
         else:
             line = (f"  {row['category']:<18} saves at most {row['ceiling_ms']:.1f} ms "
                     f"({row['ceiling_pct']:.1f} % of the step)   [{row['edit']}]")
-        console.print(styled(line), highlight=False, soft_wrap=True)
+        console.print(styled(line), highlight=False)
     if ceilings["rule"]:
         console.print(f"  {ceilings['rule']}", highlight=False, markup=False)
 

@@ -184,7 +184,8 @@ def test_analyze_shows_one_step_time_per_step(real: Path, tmp_path: Path) -> Non
     [rank] = summary["ranks"]
     assert rank["steps"] == {str(s["step"]): s["time_ms"]["0"] for s in summary["steps"]}
     assert rank["host_steps"] == {"15": 16.799, "16": 15.951, "17": 15.887}
-    text = run_cli("analyze", real / "kineto/tracelens/mi300", "--cache-dir", tmp_path).stdout
+    text = run_cli("analyze", real / "kineto/tracelens/mi300", "--cache-dir", tmp_path,
+                   "--inventory").stdout
     assert "#15: 19.0" in text and "16.8" not in text
 
 

@@ -184,8 +184,8 @@ def test_detail_is_gathered_from_the_parts_when_read(real: Path, client) -> None
 
 def test_every_reading_command_runs_on_the_cluster(tmp_path: Path) -> None:
     """`--dask local` on each command that reads a bundle; analyze and whatif print what they
-    print without it, but for analyze's gain ceilings, refused on a cluster with the reason
-    (in the JSON and on the terminal)."""
+    print without it, but for analyze's gain ceilings and the verdict's fix, refused on a
+    cluster with the reason (in the JSON and on the terminal)."""
     bundle = str(SAMPLES / "gloo_pp2_dp2")
     for same in (["analyze", bundle, "--json"], ["whatif", bundle, "--straggler", "1", "--json"]):
         local = _cli(*same, "--no-cache")
@@ -195,6 +195,13 @@ def test_every_reading_command_runs_on_the_cluster(tmp_path: Path) -> None:
         if same[0] == "analyze":
             assert local_json.pop("gain_ceilings")["causes"]
             assert remote_json.pop("gain_ceilings") == {"causes": [], "refused": [ON_CLUSTER]}
+            assert local_json["verdict"].pop("fix")["gain_ms"] > 190  # rank 1's 200 ms sleep
+            assert remote_json["verdict"].pop("fix") == {"cause": "compute_straggler",
+                                                         "why": ON_CLUSTER}
+            found = (side["verdict"].pop("finding")["title"] for side in (local_json,
+                                                                          remote_json))
+            local_title, remote_title = found  # the replayed gain said without a cluster only
+            assert local_title.startswith(remote_title) and "rank 1 is a" in remote_title
         assert remote_json == local_json
     terminal = _cli("analyze", bundle, "--no-cache", "--dask", "local", "--jobs", "2")
     assert f"gain ceilings not computed: {ON_CLUSTER}" in " ".join(terminal.stdout.split())

@@ -234,7 +234,7 @@ def test_analyze_prints_each_steps_critical_path(tmp_path: Path) -> None:
     bundle = SAMPLES / "gloo_pp2_dp2"
     run = run_cli("analyze", str(bundle), "--json", cache=tmp_path / "cache")
     summary = json.loads(run.stdout)
-    run = run_cli("analyze", str(bundle), cache=tmp_path / "cache")
+    run = run_cli("analyze", str(bundle), "--detail", cache=tmp_path / "cache")
     assert run.returncode == 0, run.stderr
     printed = run.stdout.replace("\n", " ")
     for step, path in summary["critical_path"].items():

@@ -176,7 +176,8 @@ def test_a_group_is_named_alike_in_warnings_inventory_and_chains(real: Path,
     trace = tracegraph.load(db, cache_dir=tmp_path)
     assert f"group {label} has 8 members (2 in the bundle: 0, 1)" in " ".join(trace.warnings)
     assert not any("17148521525495523210 has" in w for w in trace.warnings)
-    text = run_cli("analyze", real / "kineto/gloo_pp2_dp2", "--cache-dir", tmp_path).stdout
+    text = run_cli("analyze", real / "kineto/gloo_pp2_dp2", "--cache-dir", tmp_path,
+                   "--inventory").stdout
     assert "@dp_stage0" in text and "@dp_stage1" in text  # the inventory's comm ops
     rows = {tuple(cell.strip() for cell in line.split("│")[1:4]) for line in text.splitlines()}
     assert {("0", "default_pg", "world"), ("1", "dp_stage0", "dp"),

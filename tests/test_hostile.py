@@ -148,8 +148,11 @@ def test_a_rank_id_out_of_range_is_no_rank(tmp_path: Path) -> None:
     trace = tracegraph.load(write(tmp_path / "rank0.json", doc), use_cache=False)
     assert trace.rank_ids == [0]  # from the file name
     assert "distributedInfo.rank 1099511627776 (no rank id)" in damage_line(trace)
+    lone = tracegraph.load(write(tmp_path / "x" / "x.json", doc), use_cache=False)
+    assert lone.rank_ids == [0] and any("x.json: no rank stated" in w for w in lone.warnings)
+    write(tmp_path / "x" / "y.json", doc)  # two profiles that state no rank: which is which?
     with pytest.raises(TraceError, match=r"x\.json: no rank id"):
-        tracegraph.load(write(tmp_path / "x" / "x.json", doc), use_cache=False)
+        tracegraph.load(tmp_path / "x", use_cache=False)
 
 
 @pytest.mark.parametrize("base", [2**63, -5, "abc"])

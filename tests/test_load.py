@@ -136,13 +136,25 @@ def test_a_copy_of_a_profile_is_read_once_with_a_warning(real: Path, tmp_path: P
 
 
 def test_rank_map_names_a_rankless_profile(real: Path, tmp_path: Path) -> None:
+    """Beside another rank's profile, a Kineto file that states no rank needs --rank-map."""
     source = real / "kineto/hta/rank_unavailable/rank_not_found.json.gz"
     shutil.copy(source, tmp_path / source.name)
+    shutil.copy(real / GLOO / "rank1.json", tmp_path / "rank1.json")
     with pytest.raises(TraceError, match="--rank-map"):
         tracegraph.load(tmp_path, use_cache=False)
     trace = tracegraph.load(tmp_path, use_cache=False, rank_map={source.name: 7})
-    assert trace.rank_ids == [7]
-    assert set(trace.events["rank"]) == {7}
+    assert trace.rank_ids == [1, 7]
+    assert set(trace.events["rank"]) == {1, 7}
+
+
+def test_a_lone_rankless_kineto_file_is_rank_0_with_a_warning(real: Path) -> None:
+    """HTA's rank_not_found.json.gz handed over on its own (no distributedInfo.rank, no rank in
+    its name) is read as rank 0, said in a warning, as a lone Ascend trace_view.json is."""
+    trace = tracegraph.load(real / "kineto/hta/rank_unavailable/rank_not_found.json.gz",
+                            use_cache=False)
+    assert trace.rank_ids == [0] and set(trace.events["rank"]) == {0}
+    assert [w for w in trace.warnings if "rank_not_found.json.gz: no rank stated" in w
+            and "taken as rank 0 (--rank-map sets it)" in w]
 
 
 def test_parse_rank_rejects_unknown_formats() -> None:

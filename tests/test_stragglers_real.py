@@ -59,7 +59,7 @@ def test_analyze_says_who_was_not_judged_and_why(tmp_path: Path):
     summary = json.loads(run.stdout)
     assert summary["slow_ranks"] == [] and summary["stragglers"]["peers"] == []
     assert set(summary["stragglers"]["not_judged"]) == {"0", "2"}
-    text = run_cli("analyze", PP2DP2, "--cache-dir", tmp_path).stdout
+    text = run_cli("analyze", PP2DP2, "--cache-dir", tmp_path, "--detail").stdout
     assert "compute stragglers: none named" in text
     assert "rank 2 not judged: no peer doing the same work" in text
 

@@ -100,7 +100,8 @@ def test_groups_are_named_not_numbered(tmp_path: Path) -> None:
     group_name_5 = dp_cp [0, 1]); the terminal names lanes, comm ops and absent members by the
     group's name, the JSON keeps the id."""
     bundle = REAL / "ascend" / "torch_npu_pp2dp2_level2_comm"
-    text = run_cli("analyze", bundle, "--cache-dir", tmp_path, "--top", "0").stdout
+    text = run_cli("analyze", bundle, "--cache-dir", tmp_path, "--top", "0",
+                   "--inventory").stdout
     dp = double_hash("group_name_5")
     assert "hccl group_name_5 (dp_cp)" in text and f"hccl {dp}" not in text
     assert "@group_name_19" in text.replace("\n", "").replace("│", "").replace(" ", "")
@@ -123,7 +124,8 @@ def test_a_rank_without_a_timeline_is_timed_from_its_step_table(tmp_path: Path) 
     assert "steps_from_step_table" not in ranks[0]
     assert summary["stragglers"]["not_judged"]["0"].endswith(
         "rank 1: its profile holds no compute timeline; its step table states Computing 230.9 ms")
-    text = " ".join(run_cli("analyze", bundle, "--cache-dir", tmp_path).stdout.split())
+    text = " ".join(run_cli("analyze", bundle, "--cache-dir", tmp_path, "--detail"
+                            ).stdout.split())
     assert "│ 3 │ 810.150 │ its step table (no timeline) │" in text
     assert "summed over 2 ranks with a timeline (ranks 1, 3: step table only)" in text
     assert "rank 3 (slowest) exposed bubble time: unknown" in text
@@ -137,7 +139,7 @@ def test_exposed_bubble_time_names_the_threshold_of_the_analysis_run(tmp_path: P
     bundle = SAMPLES / "gloo_pp2_dp2"
     for _ in range(2):
         text = run_cli("analyze", bundle, "--threshold-ms", "2.5", "--cache-dir", tmp_path,
-                       "--top", "0").stdout
+                       "--top", "0", "--detail").stdout
         assert text.count("(slowest) exposed bubble time in stalls ≥ 2.5 ms: ") == 2, text
     assert list(tmp_path.glob("analysis-*"))  # the second run read the stored analysis
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from tracegraph.api import Result
     from tracegraph.loading.trace import Trace
 
 __version__ = "0.1.0"
@@ -17,4 +18,12 @@ def load(path, **options) -> Trace:
     return _load(path, **options)
 
 
-__all__ = ["load", "__version__"]
+def analyze(path, **options) -> Result:
+    """Load and analyse the bundle at `path`: a `Result` whose bubbles, causes, critical path,
+    stragglers, steps and findings are DataFrames in ms (`tracegraph.api.analyze`)."""
+    from tracegraph.api import analyze as _analyze
+
+    return _analyze(path, **options)
+
+
+__all__ = ["analyze", "load", "__version__"]

@@ -7,7 +7,7 @@ from typing import NamedTuple
 from tracegraph.analysis.analyze import Analysis
 from tracegraph.analysis.blame import Bubble, BubbleCause, Interval
 from tracegraph.analysis.critical_path import PathSegment
-from tracegraph.loading.groups import group_labels
+from tracegraph.loading.groups import distinct_labels
 from tracegraph.whatif.ceilings import gain_ceilings
 
 NS_PER_MS = 1e6
@@ -21,7 +21,7 @@ def summarize(analysis: Analysis, *, step: int | None = None, top: int = 10,
     bubbles = [b for b in analysis.bubbles if step is None or b.step == step]
     shown = bubbles if top <= 0 else bubbles[:top]
     groups = Groups(analysis.trace.group_members(), set(analysis.trace.rank_ids),
-                    group_labels(analysis.trace.groups) if len(analysis.trace.groups) else {})
+                    distinct_labels(analysis.trace.groups) if len(analysis.trace.groups) else {})
     return {
         "origin_ns": origin,
         "clock_offsets_ns": {str(r): int(ns) for r, ns in sorted(analysis.offsets.items())},

@@ -1,4 +1,4 @@
-"""`tracegraph analyze`: what the bundle holds, and what held each step back."""
+"""`tracegraph analyze`: what held each step back, the answer first; what the bundle holds."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from tracegraph.cli import options
 from tracegraph.cli.common import (
     analysis_of,
     cluster,
+    fit_output,
     friendly_errors,
     inputs_exist,
     inventory_of,
@@ -22,17 +23,29 @@ from tracegraph.cli.common import (
     remember,
     warn,
 )
-from tracegraph.cli.options import Bundle, CacheDir, Dask, Jobs, NoCache, RankMap, ThresholdMs
+from tracegraph.cli.options import (
+    Bundle,
+    CacheDir,
+    Dask,
+    Jobs,
+    NoCache,
+    Quiet,
+    RankMap,
+    ThresholdMs,
+    Width,
+)
 
 if TYPE_CHECKING:
     from tracegraph.analysis.analyze import Analysis
     from tracegraph.loading.trace import Trace
 
+TOP_BUBBLES = 5
+
 
 @friendly_errors
 def analyze_command(
     bundle: Bundle,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")] = False,
     cache_dir: CacheDir = None,
     no_cache: NoCache = False,
     cache_size: options.CacheSize = None,  # sets the command's cap (its callback)
@@ -40,12 +53,26 @@ def analyze_command(
     rank_map: RankMap = None,
     dask: Dask = None,
     step: Annotated[int | None, typer.Option(help="Only this ProfilerStep number.")] = None,
-    top: Annotated[int, typer.Option(help="Bubbles to show, longest first (0: all).")] = 10,
+    top: Annotated[int, typer.Option(
+        help="Bubbles shown with their chains, longest first (0: all).")] = TOP_BUBBLES,
     threshold_ms: ThresholdMs = 1.0,
+    inventory: Annotated[bool, typer.Option(
+        "--inventory", help="Also list what the bundle holds: every rank and group.")] = False,
+    detail: Annotated[bool, typer.Option(
+        "--detail", help="Also print each step's tables: step time per rank, bubble time by "
+                         "cause, the critical path's runs, clock offsets, stragglers.")] = False,
     inventory_only: Annotated[bool, typer.Option(
         "--inventory-only", help="Only list what the bundle holds; no analysis.")] = False,
+    width: Width = None,
+    quiet: Quiet = False,
 ) -> None:
-    """Read every rank's profile, then explain each step's bubbles down to their root causes."""
+    """Read every rank's profile, then say what held each step back: the verdict first (step
+    time, the causes largest first with their origin, the fix and its replayed gain), then the
+    longest bubbles with their causal chains, the findings, the pipeline and the gain ceilings.
+
+    The output does not grow with the ranks: --inventory and --detail add the long tables.
+    """
+    fit_output(width, quiet)
     inputs_exist(bundle)
     with cluster(dask, jobs) as client:  # on a cluster, the analysis is read where it lies
         trace = load_bundle(bundle, cache_dir, no_cache, jobs, rank_map, client)
@@ -61,39 +88,53 @@ def analyze_command(
         analysis = None if inventory_only else analysed()
         summary = remember(trace, cache_dir, no_cache, "summary", options,
                            lambda: _summary(bundle, trace, held(), analysis, step, top))
-        _print_inventory(summary)
         if analysis is not None:
-            _print_analysis(summary, analysis)
+            _print_answer(summary, analysis, detail=detail, inventory=inventory)
+        else:
+            _print_inventory(summary)
 
 
-def _print_analysis(summary: dict, analysis: Analysis) -> None:
+def _print_answer(summary: dict, analysis: Analysis, *, detail: bool, inventory: bool) -> None:
+    """The verdict, what was read in one line, the top bubbles, findings, pipeline and gain
+    ceilings; with `detail` the per-step tables, with `inventory` the inventory."""
     from reports.findings import print_findings
     from reports.pipeline import pipeline_lines
-    from reports.terminal import print_analysis
+    from reports.terminal import print_analysis, print_bubbles, print_verdict, read_line
     from reports.whatif import print_ceilings
 
     for warning in analysis.warnings:
         warn(warning)
-    print_analysis(out, summary, analysis)
+    print_verdict(out, summary["verdict"])
+    out.print(read_line(summary, detail=detail, inventory=inventory), highlight=False)
+    print_bubbles(out, summary)
     print_findings(out, summary["findings"])
     for line in pipeline_lines(summary.get("pipeline")):
         out.print(line, highlight=False, markup=False)
     print_ceilings(out, summary["gain_ceilings"])
+    if detail:
+        out.print("\nper step:", highlight=False)
+        print_analysis(out, summary, analysis)
+    if inventory:
+        out.print()
+        _print_inventory(summary)
 
 
 def _summary(bundle: Path, trace: Trace, summary: dict[str, object],
              analysis: Analysis | None, step: int | None, top: int) -> dict[str, object]:
     """What `analyze` prints: the inventory (`summary`) and, with an analysis, its summary
-    (findings, the pipeline schedule, gain ceilings)."""
+    (findings, the pipeline schedule, gain ceilings, each shown bubble's causes) and verdict."""
     from tracegraph.analysis.findings import find_all
     from tracegraph.analysis.pipeline import recover
     from tracegraph.analysis.summary import summarize
+    from tracegraph.verdict import verdict
 
     if analysis is not None:
         _check_step(bundle, analysis, step)
         pipeline = recover(analysis)
         summary |= summarize(analysis, step=step, top=top, findings=find_all(analysis, pipeline),
                              pipeline=pipeline)
+        summary["verdict"] = verdict(analysis, findings=summary["findings"],
+                                     pipeline=summary.get("pipeline"), step=step)
         with_device_steps(summary["ranks"], analysis)
         summary["warnings"] = trace.warnings + analysis.warnings
     return summary

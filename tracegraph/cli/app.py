@@ -27,6 +27,15 @@ def reflowed(doc: str | None) -> str:
     return "\n\n".join(" ".join(p.split()) for p in paragraphs)
 
 
+def flags_without_a_type() -> None:
+    """Typer's help gives a flag the type of a value it does not take (`--json <bool>`): a
+    flag shows none."""
+    option = typer.core.TyperOption
+    shown = option.display_type_rich
+    option.display_type_rich = lambda self, ctx: None if self.is_flag else shown(self, ctx)
+
+
+flags_without_a_type()
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Find why a distributed training step is slow. Parsed ranks and analyses "
                        "are cached in $TRACEGRAPH_CACHE_DIR, else the user's cache folder "

@@ -34,6 +34,7 @@ def _broken_pipe() -> None:
 out = Console(markup=False)  # text from profiles ("[/x]" in an op name or a path) stays text:
 err = Console(stderr=True, markup=False)  # style with Text or style=, never with markup
 out.on_broken_pipe = _broken_pipe  # type: ignore[method-assign]
+UNWRAPPED = 100_000  # the width of output that is not on a terminal: every line whole
 
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -87,6 +88,22 @@ def resource_error(error: BaseException) -> str | None:
         return (f"cannot start a thread ({text[:200]}): the process reached its limit on "
                 "threads, processes or address space")
     return None
+
+
+def fit_output(width: int | None = None, quiet: bool = False) -> None:
+    """Output fit for where it is read: on a terminal wrapped at its width, elsewhere (a pipe,
+    a CI log, `less`) never, so that a line stays one line; `width` sets one. Progress on stderr
+    unless `quiet`."""
+    from tracegraph import progress
+
+    out.width = width or (None if out.is_terminal else UNWRAPPED)
+    out.soft_wrap = not width  # a terminal wraps long lines itself, unbroken for copying
+    progress.quiet(quiet)
+
+
+def console() -> Console:
+    """A console for rich markup on stdout, as wide as `out`."""
+    return Console(width=out.width)
 
 
 def inputs_exist(*paths: Path) -> None:
@@ -164,7 +181,7 @@ def load_bundle(bundle: Path, cache_dir: Path | None, no_cache: bool, jobs: int 
     the trace's warnings go to stderr."""
     mapping = read_rank_map(rank_map) if rank_map else None
     options = {"cache_dir": cache_dir, "use_cache": not no_cache, "rank_map": mapping,
-               "progress": sys.stderr.isatty()}
+               "progress": True}  # a bar on a terminal, else lines; none after -q
     if client is not None:
         from tracegraph.loading.distributed import load_on_cluster
 
@@ -204,6 +221,20 @@ def inventory_of(trace: Trace, cache_dir: Path | None, no_cache: bool) -> dict[s
     return remember(trace, cache_dir, no_cache, "inventory", {}, lambda: inventory(trace))
 
 
+def pipeline_and_findings(analysis: Analysis, cache_dir: Path | None, no_cache: bool,
+                          threshold_ms: float) -> tuple[Any, list]:
+    """The pipeline recovered from `analysis` and its findings, kept in the cache."""
+    from tracegraph.analysis.findings import find_all
+    from tracegraph.analysis.pipeline import recover
+
+    options = {"threshold_ms": threshold_ms}
+    pipeline = remember(analysis.trace, cache_dir, no_cache, "pipeline", options,
+                        lambda: recover(analysis))
+    findings = remember(analysis.trace, cache_dir, no_cache, "findings", options,
+                        lambda: find_all(analysis, pipeline))
+    return pipeline, findings
+
+
 def remember(trace: Trace, cache_dir: Path | None, no_cache: bool, what: str,
              options: dict[str, object], compute: Callable[[], T]) -> T:
     """`compute()` of `trace`, kept in the cache for the next run (tracegraph.analysis.cache)."""
@@ -225,6 +256,15 @@ class Source(NamedTuple):
     def cluster(self) -> AbstractContextManager[Any]:
         """The `--dask` cluster's client for the command's duration, else None."""
         return cluster(self.dask, self.jobs)
+
+    def verdict(self, analysis: Analysis) -> dict[str, object]:
+        """The verdict of `analysis` (tracegraph.verdict), its findings kept in the cache."""
+        from tracegraph.verdict import verdict
+
+        pipeline, findings = pipeline_and_findings(analysis, self.cache_dir, self.no_cache,
+                                                   self.threshold_ms)
+        return verdict(analysis, findings=[f.as_dict() for f in findings],
+                       pipeline=pipeline.as_dict() if pipeline is not None else None)
 
     def analysis(self, path: Path, client: Any = None) -> Analysis:
         """The bundle at `path` loaded (on `client`'s cluster, if any) and analysed."""
@@ -295,7 +335,8 @@ def _labelled(label: str, style: str, message: str) -> Text:
 def tolerant_streams() -> None:
     """Before each command: stdout and stderr print what they cannot encode (a file name's
     stray bytes) escaped; a closed stdout says so when written to (`_ClosedOutput`), a closed
-    stderr is /dev/null; the command's cache folders are opened anew."""
+    stderr is /dev/null; the command's cache folders are opened anew; output fits where it is
+    read (`fit_output`)."""
     if sys.stdout is None:
         sys.stdout = _ClosedOutput()
     if sys.stderr is None:
@@ -304,3 +345,4 @@ def tolerant_streams() -> None:
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")
     _COMMAND.begin()
+    fit_output()

@@ -39,7 +39,14 @@ from reports.markdown import (
     violation_line,
 )
 from tracegraph.cli import options
-from tracegraph.cli.common import Source, friendly_errors, inputs_exist, print_json, warn
+from tracegraph.cli.common import (
+    Source,
+    console,
+    friendly_errors,
+    inputs_exist,
+    print_json,
+    warn,
+)
 from tracegraph.cli.options import (
     Bundle,
     CacheDir,
@@ -187,7 +194,7 @@ class Outputs(NamedTuple):
         if self.as_json:
             print_json(report)
         else:
-            terminal(Console(), report)
+            terminal(console(), report)
 
 
 RuleSpec = tuple[Path | None, list[str]]  # --rules FILE, --preset NAMEs
@@ -269,6 +276,7 @@ def _diff(sides: dict[str, list[Path]], spec: RuleSpec, gate: Gate, source: Sour
     inputs_exist(*sides["before"], *sides["after"])
     from reports.junit import diff_junit
     from reports.markdown import diff_markdown
+    from tracegraph.verify.diff import representative
 
     rules = _rules(spec)
     with source.cluster() as client:
@@ -278,11 +286,13 @@ def _diff(sides: dict[str, list[Path]], spec: RuleSpec, gate: Gate, source: Sour
                            predicted)
         if html:
             from reports.diff_html import write_diff_html
-            from tracegraph.verify.diff import representative
 
             shown = {side: representative(report, side) for side in runs}
             write_diff_html(runs["before"][shown["before"]].analysis,
                             runs["after"][shown["after"]].analysis, report, html)
+        if outputs.markdown:  # what holds the after profile back, atop the summary
+            after = runs["after"][representative(report, "after")].analysis
+            report["after"]["verdict"] = source.verdict(after)
     for line in report["warnings"]:
         warn(line)
     outputs.emit(report, lambda: diff_markdown(report), lambda: diff_junit(report),
@@ -343,6 +353,8 @@ def _check(bundle: Path, spec: RuleSpec, source: Source, outputs: Outputs,
         report = {"source": printable(str(bundle)),
                   "step_ms": round(metrics.step_time_ms(analysis), 3),
                   "checks": results, **_tally(results, allow_not_applicable)}
+        if outputs.markdown:  # what holds the profile back, atop the summary
+            report["verdict"] = source.verdict(analysis)
     report["passed"] = _checks_pass(report)
     outputs.emit(report, lambda: check_markdown(report), lambda: check_junit(report),
                  print_checks)

@@ -25,7 +25,20 @@ Dask = Annotated[str | None, typer.Option(
     help='Parse and analyse the ranks on a Dask cluster, where they stay: "local" or a '
          'scheduler address (tcp://host:8786).')]
 
+MIN_WIDTH = 20
 
+
+def columns(value: int | None) -> int | None:
+    """A --width: at least MIN_WIDTH columns."""
+    if value is not None and value < MIN_WIDTH:
+        raise typer.BadParameter(f"{value} columns: give {MIN_WIDTH} or more")
+    return value
+
+
+Width = Annotated[int | None, typer.Option(
+    callback=columns, help="Wrap the output at this many columns (default: the terminal's "
+                           "width; piped or redirected: lines are never wrapped).")]
+Quiet = Annotated[bool, typer.Option("-q", "--quiet", help="No progress on stderr.")]
 
 DAY_MS = 86_400_000.0
 

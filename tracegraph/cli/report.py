@@ -2,15 +2,30 @@
 
 from __future__ import annotations
 
-from functools import partial
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from tracegraph.cli import options
-from tracegraph.cli.common import Source, friendly_errors, inputs_exist, out, remember
-from tracegraph.cli.options import Bundle, CacheDir, Dask, Jobs, NoCache, RankMap, ThresholdMs
+from tracegraph.cli.common import (
+    Source,
+    fit_output,
+    friendly_errors,
+    inputs_exist,
+    out,
+    pipeline_and_findings,
+)
+from tracegraph.cli.options import (
+    Bundle,
+    CacheDir,
+    Dask,
+    Jobs,
+    NoCache,
+    Quiet,
+    RankMap,
+    ThresholdMs,
+)
 
 
 def report_command(
@@ -25,10 +40,12 @@ def report_command(
     jobs: Jobs = None,
     rank_map: RankMap = None,
     dask: Dask = None,
+    quiet: Quiet = False,
 ) -> None:
-    """Write one HTML file (works offline): waterfall per step, findings, top causes, and the
-    pipeline view recovered from the trace itself (never from a simulation's ground truth)."""
-
+    """Write one HTML file (works offline): the verdict, waterfall per step, findings, top
+    causes, and the pipeline view recovered from the trace itself (never from a simulation's
+    ground truth)."""
+    fit_output(quiet=quiet)
     friendly_errors(_report)(bundle, output, step, top,
                              Source(threshold_ms, cache_dir, no_cache, jobs, rank_map, dask))
 
@@ -38,16 +55,12 @@ def _report(bundle: Path, output: Path, step: int | None, top: int, source: Sour
     from parsers.base import TraceError
     from parsers.text import printable
     from reports.html import write_report
-    from tracegraph.analysis.findings import find_all
-    from tracegraph.analysis.pipeline import recover
 
     with source.cluster() as client:
         analysis = source.analysis(bundle, client)
         try:
-            kept = partial(remember, analysis.trace, source.cache_dir, source.no_cache)
-            options = {"threshold_ms": source.threshold_ms}
-            pipeline = kept("pipeline", options, lambda: recover(analysis))
-            findings = kept("findings", options, lambda: find_all(analysis, pipeline))
+            pipeline, findings = pipeline_and_findings(analysis, source.cache_dir,
+                                                       source.no_cache, source.threshold_ms)
             path = write_report(analysis, output, step=step, top=top, pipeline=pipeline,
                                 findings=findings)
         except ValueError as error:

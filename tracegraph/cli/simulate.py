@@ -9,12 +9,11 @@ import typer
 
 from parsers.base import TraceError
 from tracegraph.cli.common import friendly_errors, out
+from tracegraph.simulate.scenarios import SCENARIOS
 
 
 def simulate_command(
-    scenario: Annotated[str, typer.Argument(help="hsdp-straggler-sync, hsdp-straggler-async, "
-                                            "ep-a2a-overlap, ep-a2a-serialized, "
-                                            "pp-compute-straggler, pp-compute-healthy, large")],
+    scenario: Annotated[str, typer.Argument(help=", ".join(SCENARIOS))],
     output: Annotated[Path, typer.Option("-o", "--output", help="OUT.tar.gz")],
     fmt: Annotated[str, typer.Option("--format", help="ascend (MindSpore msprof), kineto or nsys "
                                      "(Nsight Systems SQLite exports, one per node)")
@@ -61,3 +60,6 @@ def simulate_command(
                   highlight=False)
 
     run()
+
+
+simulate_command.__doc__ += "".join(f"\n\n{s.name}: {s.description}" for s in SCENARIOS.values())

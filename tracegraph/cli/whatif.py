@@ -1,8 +1,8 @@
 """`tracegraph whatif`: predict what a fix gains by replaying the dependency graph, edited.
 
-Exit codes: 0 a prediction was made; 1 no step could be predicted (the replay of the measurement
-misses it by more than 2 %: each refused step says why); 2 bad input or an edit the bundle cannot
-take (a rank it does not hold, a pattern no op matches).
+Exit codes (as its help says): 0 a prediction was made, also when an edit finds nothing to change
+(a fix that does not apply says so and gains 0); 1 no step could be predicted; 2 bad input or an
+edit the bundle cannot take.
 """
 
 from __future__ import annotations
@@ -14,8 +14,25 @@ import typer
 
 from parsers.base import TraceError
 from tracegraph.cli import options
-from tracegraph.cli.common import Source, friendly_errors, inputs_exist, out, print_json
-from tracegraph.cli.options import Bundle, CacheDir, Dask, Jobs, NoCache, RankMap, ThresholdMs
+from tracegraph.cli.common import (
+    Source,
+    fit_output,
+    friendly_errors,
+    inputs_exist,
+    out,
+    print_json,
+)
+from tracegraph.cli.options import (
+    Bundle,
+    CacheDir,
+    Dask,
+    Jobs,
+    NoCache,
+    Quiet,
+    RankMap,
+    ThresholdMs,
+    Width,
+)
 
 EXIT_REFUSED = 1
 Fix = Annotated[list[str] | None, typer.Option(
@@ -50,8 +67,18 @@ def whatif_command(
     jobs: Jobs = None,
     rank_map: RankMap = None,
     dask: Dask = None,
+    width: Width = None,
+    quiet: Quiet = False,
 ) -> None:
-    """Replay the bundle's dependency graph with the edits and predict each step and rank."""
+    """Replay the bundle's dependency graph with the edits and predict each step and rank.
+
+    Exit codes: 0 a prediction was made, also when an edit finds nothing to change in this
+    bundle (a fix that does not apply says so on its line, e.g. "no op waits for a data-parallel
+    reduction: nothing to change", and the gain is 0); 1 no step could be predicted (the replay
+    of the measurement misses it by more than 2 %: each refused step says why); 2 bad input or
+    an edit the bundle cannot take (a rank it does not hold, a pattern no op matches).
+    """
+    fit_output(width, quiet)
 
     @friendly_errors
     def run() -> None:

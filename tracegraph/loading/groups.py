@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 
 import pandas as pd
@@ -39,6 +40,15 @@ def group_labels(groups: pd.DataFrame) -> dict[str, str]:
         desc = "" if not desc or desc in name else str(desc)
         labels[str(group)] = (f"{name} ({desc})" if name and desc else name or desc) or group
     return labels
+
+
+def distinct_labels(groups: pd.DataFrame) -> dict[str, str]:
+    """Group id -> its `group_labels` label, with the id beside a label other groups share
+    ("dp (group 5)": Kineto names every DP group by its description)."""
+    labels = group_labels(groups)
+    shared = Counter(labels.values())
+    return {g: f"{label} (group {g})" if shared[label] > 1 and label != g else label
+            for g, label in labels.items()}
 
 
 def groups_frame(infos: list[GroupInfo], events: pa.Table, world_size: int = -1

@@ -19,6 +19,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, ProcessPoolExecutor
 from contextlib import AbstractContextManager, contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -81,8 +82,7 @@ def profiles_of(bundle: Bundle, rank_map: dict[str, int] | None
     """The bundle's profiles with the ranks --rank-map forces, their cache keys, and what was
     forced (profile root -> rank)."""
     forced = _forced_ranks(bundle.profiles, rank_map or {})
-    profiles = [RankFiles(p.format, p.root, p.files, forced.get(p.root, p.rank))
-                for p in bundle.profiles]
+    profiles = [replace(p, rank=forced.get(p.root, p.rank)) for p in bundle.profiles]
     keys = [cache.cache_key(p.format, p.root, bundle.fingerprint(p.files.values()))
             for p in profiles]
     return profiles, keys, forced
