@@ -73,11 +73,15 @@ def straggler_lines(summary: dict[str, object], shown: int = 8) -> list[str]:
     """The compute stragglers named, and the ranks not judged and why (the first `shown`)."""
     judged = summary.get("stragglers") or {}
     unjudged = judged.get("not_judged") or {}
-    if not summary["slow_ranks"] and not unjudged:
+    by_step = judged.get("by_step") or []
+    if not summary["slow_ranks"] and not unjudged and not by_step:
         return []
-    lines = [f"compute stragglers: {summary['slow_ranks'] or 'none named'}"
+    named = summary["slow_ranks"] or ("none over the whole profile" if by_step else "none named")
+    lines = [f"compute stragglers: {named}"
              + (f" (judged against peers doing the same work: "
                 f"{', '.join(map(str, judged['peers']))})" if judged.get("peers") else "")]
+    lines += [f"  in step {s['step']}: rank {s['rank']} worked {s['work_ms']:.1f} ms, "
+              f"{s['ratio']:.1f}× its peers' median {s['peers_ms']:.1f} ms" for s in by_step]
     lines += [f"  rank {rank} not judged: {why}" for rank, why in list(unjudged.items())[:shown]]
     if len(unjudged) > shown:
         lines.append(f"  … {len(unjudged) - shown} more ranks not judged")

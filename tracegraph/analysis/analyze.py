@@ -16,7 +16,7 @@ from tracegraph.analysis.blame import Blamer, Bubble
 from tracegraph.analysis.bubbles import SAMPLED, find_bubbles
 from tracegraph.analysis.critical_path import PathSegment, critical_path, step_windows_of_slowest
 from tracegraph.analysis.peers import Peers, find_peers
-from tracegraph.analysis.stragglers import profiled_ns, slow_ops, slow_ranks
+from tracegraph.analysis.stragglers import STEP_COLUMNS, by_step, profiled_ns, slow_ops, slow_ranks
 from tracegraph.analysis.walk import BindingWalk
 from tracegraph.graph.clock import estimate_offsets
 from tracegraph.graph.depgraph import DepGraph, build_graph
@@ -52,6 +52,10 @@ class Analysis:
     slow_op: np.ndarray  # per op: straggler compute
     warnings: list[str] = field(default_factory=list)
     threshold_ms: float = 1.0  # the shortest stall counted as a bubble
+    step_stragglers: pd.DataFrame = field(
+        default_factory=lambda: pd.DataFrame(columns=STEP_COLUMNS))
+    """step, rank, work_ms, peers_ms, ratio: a rank's work in one step STEP_FACTOR times its
+    peers' median there (stragglers.by_step)"""
 
     @property
     def sampled(self) -> bool:
@@ -151,7 +155,8 @@ def analyze(trace: Trace, *, threshold_ms: float = 1.0, executor: Executor | Non
         profiled = profiled_ns(steps, graph.start, graph.end)
         peers = find_peers(ops, trace.groups, graph.incomplete, trace.stated_steps())
         slow = slow_ranks(walk, profiled, peers)
-        slow_op = slow_ops(ops, slow, profiled, peers)
+        per_step, slow_in_step = by_step(walk, steps, peers)
+        slow_op = slow_ops(ops, slow, profiled, peers) | slow_in_step
         blamer = Blamer(walk, trace.groups, slow_op)
         bar.advance()
         bubbles = find_bubbles(blamer, steps, int(threshold_ms * 1e6))
@@ -162,7 +167,8 @@ def analyze(trace: Trace, *, threshold_ms: float = 1.0, executor: Executor | Non
     return Analysis(trace=trace, ops=ops, matches=matches, graph=graph, offsets=offsets,
                     start=graph.start, end=graph.end, steps=steps, bubbles=bubbles,
                     critical_paths=paths, slow_ranks=slow, peers=peers, slow_op=slow_op,
-                    warnings=graph.warnings + graph.cycle_warnings(), threshold_ms=threshold_ms)
+                    warnings=graph.warnings + graph.cycle_warnings(), threshold_ms=threshold_ms,
+                    step_stragglers=per_step)
 
 
 def step_windows(events: pd.DataFrame, offsets: dict[int, int]) -> pd.DataFrame:

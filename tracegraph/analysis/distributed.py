@@ -64,6 +64,10 @@ from tracegraph.analysis.stragglers import (
     slow_among,
     slow_names,
     slow_op_mask,
+    step_slow_mask,
+    step_slow_names,
+    step_stragglers,
+    step_work,
 )
 from tracegraph.analysis.walk import STEP_TAIL, BindingWalk, Piece, fold_slivers, wake_up
 from tracegraph.graph.clock import estimate_offsets
@@ -102,8 +106,12 @@ def analyze_on_cluster(trace: ClusterTrace, *, threshold_ms: float = 1.0) -> Ana
     slow = slow_among(pd.concat(parts.each(_work)), profiled, host, peers)
     medians = pd.concat(parts.each(_medians), ignore_index=True)
     flagged, shared = slow_names(medians, slow, profiled, host, peers)
+    work = pd.concat(parts.each(_step_work, steps), ignore_index=True)
+    per_step = step_stragglers(work, steps, peers)
+    in_step = (step_slow_names(work, per_step, peers), steps)
     pipelined = pipelined_job(comm, trace.groups)
-    parts.run(_prepare, trace.groups, incomplete, (slow, flagged, shared, peers), pipelined)
+    parts.run(_prepare, trace.groups, incomplete, (slow, flagged, shared, peers, in_step),
+              pipelined)
     bubbles = parts.bubbles(steps, int(threshold_ms * 1e6), cross.sampled, incomplete)
     paths = parts.paths(steps)
     warnings = cross.warnings + list(itertools.chain(*parts.each(_cycle_warnings)))
@@ -111,7 +119,7 @@ def analyze_on_cluster(trace: ClusterTrace, *, threshold_ms: float = 1.0) -> Ana
                                offsets=offsets, start=None, end=None, steps=steps,
                                bubbles=bubbles, critical_paths=paths, slow_ranks=slow,
                                peers=peers, slow_op=None, warnings=warnings,
-                               threshold_ms=threshold_ms)
+                               threshold_ms=threshold_ms, step_stragglers=per_step)
     for name in _GATHERED:
         delattr(analysis, name)
     analysis._parts, analysis._cross = parts, cross
@@ -317,6 +325,7 @@ class _Parts:
                 start=None, end=None, steps=steps[steps["rank"].isin(held)],
                 bubbles=[b for b in analysis.bubbles if b.rank in held],
                 critical_paths={}, slow_ranks=analysis.slow_ranks, peers=analysis.peers,
+                step_stragglers=analysis.step_stragglers,
                 slow_op=None, threshold_ms=analysis.threshold_ms, stepped=stepped)
             views.append(self.client.submit(_viewed, future, mine, pure=False))
         return views
@@ -582,6 +591,10 @@ def _main_modes(part: _Part) -> list[str]:
     return lanes.loc[lanes["main"], "mode"].tolist()
 
 
+def _step_work(part: _Part, steps: pd.DataFrame) -> pd.DataFrame:
+    return step_work(_PartWalk(part), steps[steps["rank"].isin(part.ranks)])
+
+
 def _medians(part: _Part) -> pd.DataFrame:
     return name_medians(part.ops)
 
@@ -591,12 +604,15 @@ def _mix(part: _Part) -> pd.DataFrame:
 
 
 def _prepare(part: _Part, groups: pd.DataFrame, incomplete: dict[int, str],
-             stragglers: tuple[set[int], set, set, Peers], pipelined: bool) -> _Part:
-    """What the walks of a part need: groups, stragglers' ops, ranks missing events."""
-    slow, flagged, shared, peers = stragglers
+             stragglers: tuple[set[int], set, set, Peers, tuple[set, pd.DataFrame]],
+             pipelined: bool) -> _Part:
+    """What the walks of a part need: groups, stragglers' ops (over the profile and in
+    each step), ranks missing events."""
+    slow, flagged, shared, peers, (in_step, steps) = stragglers
     part.groups, part.pipelined = groups, pipelined
     part.graph.incomplete = incomplete
-    part.slow_op = slow_op_mask(part.ops, flagged, shared, slow, peers)
+    part.slow_op = slow_op_mask(part.ops, flagged, shared, slow, peers) | step_slow_mask(
+        part.ops, in_step, steps, part.graph.start)
     return part
 
 

@@ -30,7 +30,8 @@ def summarize(analysis: Analysis, *, step: int | None = None, top: int = 10,
                           for s, p in analysis.critical_paths.items() if step is None or s == step},
         "slow_ranks": sorted(analysis.slow_ranks),
         "stragglers": {"peers": analysis.peers.groups(),
-                       "not_judged": {str(r): why for r, why in analysis.peers.unjudged.items()}},
+                       "not_judged": {str(r): why for r, why in analysis.peers.unjudged.items()},
+                       "by_step": _step_stragglers(analysis, step)},
         "gain_ceilings": gain_ceilings(analysis),
         "warnings": analysis.warnings,
         **({"findings": [f.as_dict() for f in findings]} if findings is not None else {}),
@@ -40,6 +41,15 @@ def summarize(analysis: Analysis, *, step: int | None = None, top: int = 10,
 
 def _ms(ns: int, origin: int = 0) -> float:
     return round((ns - origin) / NS_PER_MS, 3)
+
+
+def _step_stragglers(analysis: Analysis, only: int | None) -> list[dict[str, object]]:
+    """Each step's stragglers: the rank, its work and its peers' median (ms), their ratio."""
+    table = analysis.step_stragglers
+    return [{"step": int(s), "rank": int(r), "work_ms": round(float(w), 3),
+             "peers_ms": round(float(p), 3), "ratio": round(float(x), 2)}
+            for s, r, w, p, x in table[["step", "rank", "work_ms", "peers_ms", "ratio"]
+                                       ].itertuples(index=False) if only is None or s == only]
 
 
 def _steps(analysis: Analysis, only: int | None) -> list[dict[str, object]]:
