@@ -634,6 +634,8 @@ def framework_ranges(ops: pd.DataFrame) -> pd.DataFrame:
     spans = work.groupby(["rank", "step", "phase", "chunk", "microbatch"], as_index=False).agg(
         host_start_ns=("after", "min"), host_end_ns=("launch_ns", "max"),
         start_ns=("start_ns", "min"), end_ns=("end_ns", "max"))
+    spans["chunk"] = spans.groupby("rank")["chunk"].rank(method="dense") - 1  # the stage's
+    # model chunk (0..v-1), as frameworks number it, not the global virtual stage
     return spans.sort_values(["rank", "start_ns"])[list(RANGE_COLUMNS)].astype(
         RANGE_COLUMNS).reset_index(drop=True)
 

@@ -76,7 +76,9 @@ class Scenario:
     kernels_per_chunk: int = 24
     kernel_gap_ns: int = 1500
     flavor: str = "ascend"  # kernel and comm names: ascend | cuda
-    annotate: bool = False  # the framework's FWD/BWD ranges (`FWD mb=3 chunk=1`) in the trace
+    annotate: bool = False  # the framework's ranges around each forward / backward in the trace
+    range_label: str = ""  # their name: "" the phase alone (`forward_step`), else a template of
+    # {phase}, {PHASE} (FWD / BWD), {chunk}, {mb}: "{PHASE} chunk={chunk} mb={mb}"
     compute_stream: int = 47
     pp_streams: tuple[int, int] = (49, 50)  # edge to the next stage, edge to the previous one
     hsdp_stream: int = 51
@@ -163,8 +165,13 @@ VPP = Scenario(
 
 VPP_ANNOTATED = dataclasses.replace(
     VPP, name="vpp-annotated", annotate=True,
-    description="the same interleaved job with the framework's FWD/BWD ranges (`FWD mb=3 "
-                "chunk=1`) around every microbatch")
+    description="the same interleaved job with the framework's ranges around every forward and "
+                "backward (Kineto `forward_step` / `backward_step`, mstx `forward` / `backward`)")
+
+VPP_LABELLED = dataclasses.replace(
+    VPP, name="vpp-labelled", annotate=True, range_label="{PHASE} chunk={chunk} mb={mb}",
+    description="the same interleaved job, each forward and backward range labelled with its "
+                "model chunk and microbatch (`FWD chunk=1 mb=3`)")
 
 LARGE = Scenario(
     name="large",
@@ -177,7 +184,7 @@ LARGE = Scenario(
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     HSDP_STRAGGLER_SYNC, HSDP_STRAGGLER_ASYNC, EP_A2A_OVERLAP, EP_A2A_SERIALIZED,
     SERIALIZED_STREAMS, PP_COMPUTE_STRAGGLER, PP_COMPUTE_HEALTHY, PP_MEMORY, VPP, VPP_ANNOTATED,
-    LARGE)}
+    VPP_LABELLED, LARGE)}
 
 
 def scenario(name: str, **overrides: object) -> Scenario:
