@@ -35,7 +35,8 @@ def print_analysis(console: Console, summary: dict[str, object],
     labels = group_labels(pd.DataFrame(summary["groups"])) if summary.get("groups") else {}
     for step in summary["steps"]:
         stated = step.get("from_step_table", [])
-        table = Table(title=f"step {step['step']}: {step['max_ms']:.1f} ms (slowest rank)")
+        name = f"step {step['step']}" if step["step"] >= 0 else "whole span (no step markers)"
+        table = Table(title=f"{name}: {step['max_ms']:.1f} ms (slowest rank)")
         table.add_column("rank")
         table.add_column("step ms", justify="right")
         if stated:
@@ -56,6 +57,11 @@ def print_analysis(console: Console, summary: dict[str, object],
     for line in straggler_lines(summary):
         console.print(line, highlight=False)
     total = summary["bubble_count"]
+    if not total:
+        least = f" of {analysis.threshold_ms:g} ms" if analysis is not None else ""
+        console.print(f"\nno bubbles: no stall{least} or more on any rank's main compute lane",
+                      highlight=False)
+        return
     console.print(f"\n{len(summary['bubbles'])} of {total} bubbles, longest first:",
                   highlight=False)
     for bubble in summary["bubbles"]:

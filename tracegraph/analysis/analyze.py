@@ -23,7 +23,7 @@ from tracegraph.graph.depgraph import DepGraph, build_graph
 from tracegraph.graph.match import Matches, match
 from tracegraph.graph.ops import Ops, build_ops
 from tracegraph.heap import hand_back
-from tracegraph.loading.steps import step_markers
+from tracegraph.loading.steps import step_markers, unstepped
 from tracegraph.loading.trace import Trace
 from tracegraph.progress import Progress
 
@@ -167,7 +167,8 @@ def analyze(trace: Trace, *, threshold_ms: float = 1.0, executor: Executor | Non
     return Analysis(trace=trace, ops=ops, matches=matches, graph=graph, offsets=offsets,
                     start=graph.start, end=graph.end, steps=steps, bubbles=bubbles,
                     critical_paths=paths, slow_ranks=slow, peers=peers, slow_op=slow_op,
-                    warnings=graph.warnings + graph.cycle_warnings(), threshold_ms=threshold_ms,
+                    warnings=graph.warnings + graph.cycle_warnings() + unstepped(steps, len(graph)),
+                    threshold_ms=threshold_ms,
                     step_stragglers=per_step)
 
 

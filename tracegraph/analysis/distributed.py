@@ -83,7 +83,7 @@ from tracegraph.graph.match import Matches, match_across_ranks, match_within_ran
 from tracegraph.graph.ops import COMM_KINDS, STRING_COLUMNS, Ops, build_ops
 from tracegraph.loading.distributed import ClusterTrace
 from tracegraph.loading.loader import with_rank
-from tracegraph.loading.steps import step_markers
+from tracegraph.loading.steps import step_markers, unstepped
 from tracegraph.loading.trace import Trace, events_frame
 
 PARTS_PER_WORKER = 2  # parts (of contiguous ranks) per worker: walks of one part run in turn
@@ -114,7 +114,8 @@ def analyze_on_cluster(trace: ClusterTrace, *, threshold_ms: float = 1.0) -> Ana
               pipelined)
     bubbles = parts.bubbles(steps, int(threshold_ms * 1e6), cross.sampled, incomplete)
     paths = parts.paths(steps)
-    warnings = cross.warnings + list(itertools.chain(*parts.each(_cycle_warnings)))
+    warnings = cross.warnings + list(itertools.chain(*parts.each(_cycle_warnings))) + unstepped(
+        steps, int(parts.first_op[-1]))
     analysis = ClusterAnalysis(trace=trace, ops=None, matches=None, graph=None,  # gathered
                                offsets=offsets, start=None, end=None, steps=steps,
                                bubbles=bubbles, critical_paths=paths, slow_ranks=slow,

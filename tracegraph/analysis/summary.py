@@ -54,12 +54,13 @@ def _step_stragglers(analysis: Analysis, only: int | None) -> list[dict[str, obj
 
 def _steps(analysis: Analysis, only: int | None) -> list[dict[str, object]]:
     """Each step's time per rank: from its window, else from the rank's step table (those ranks
-    listed as `from_step_table`)."""
+    listed as `from_step_table`); without step markers, each rank's whole span as step -1."""
     rows = []
     stated_ms: dict[int, dict[str, float]] = {}
     for rank, step, ms in analysis.stated_steps()[["rank", "step", "ms"]].itertuples(index=False):
         stated_ms.setdefault(int(step), {})[str(rank)] = round(float(ms), 3)
-    for step, spans in analysis.steps.groupby("step"):
+    windows = analysis.steps if len(analysis.steps) else analysis.step_table()  # whole spans
+    for step, spans in windows.groupby("step"):
         if only is not None and step != only:
             continue
         times = {str(r): _ms(e - s) for r, s, e in spans[["rank", "start", "end"]].itertuples(
