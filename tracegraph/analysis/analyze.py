@@ -115,6 +115,12 @@ class Analysis:
         missing = ~pd.MultiIndex.from_frame(stated[["rank", "step"]].astype("int64")).isin(timed)
         return stated[missing].reset_index(drop=True)
 
+    def released(self) -> np.ndarray:
+        """Per op: when its binding cross-rank dependency (the P2P half posted last, the
+        collective member that arrived last) let it go, as the binding walk times it, else its
+        start: what a comm op runs after it is its transfer (walk.RAN)."""
+        return release_times(self.graph)
+
     def blame(self, step: int | None = None) -> dict[str, float]:
         """ms of bubble charged to each category (all steps, or one)."""
         totals: dict[str, float] = {}
@@ -123,6 +129,19 @@ class Analysis:
                 for category, ns in bubble.by_category().items():
                     totals[category] = totals.get(category, 0.0) + ns / 1e6
         return dict(sorted(totals.items(), key=lambda item: -item[1]))
+
+
+def release_times(graph: DepGraph, remote_start: np.ndarray | None = None) -> np.ndarray:
+    """`Analysis.released` of the ops of `graph` (a dependency on an op outside it, on a
+    cluster's part, starts at `remote_start`; unknown without: the op's start)."""
+    start, dep, n = graph.start, graph.dep, len(graph)
+    out = start.copy()
+    local = np.flatnonzero((dep >= 0) & (dep < n) & (graph.how != "event_id"))
+    out[local] = start[dep[local]]
+    if remote_start is not None and len(remote_start):
+        remote = np.flatnonzero(dep >= n)
+        out[remote] = remote_start[dep[remote] - n]
+    return np.clip(out, start, graph.end)
 
 
 def spans_by_rank(ranks: pd.Series, start: np.ndarray, end: np.ndarray) -> pd.DataFrame:

@@ -40,6 +40,7 @@ from pandas.api.types import union_categoricals
 
 from tracegraph.analysis.analyze import (
     Analysis,
+    release_times,
     spans_by_rank,
     step_windows_of_markers,
     with_launched_work,
@@ -512,6 +513,10 @@ class _PartAnalysis(Analysis):
     steps and bubbles of its ranks (what `Analysis.by_part` functions read)."""
 
     stepped: bool = True  # the whole analysis has step windows (else each rank's span is one)
+    remote_start: np.ndarray | None = None  # the starts of other parts' ops its deps name
+
+    def released(self) -> np.ndarray:
+        return release_times(self.graph, self.remote_start)
 
     def rank_spans(self) -> pd.DataFrame:
         if self.stepped:  # a rank without steps has none, as in the whole analysis
@@ -523,6 +528,7 @@ def _viewed(part: _Part, view: _PartAnalysis) -> _PartAnalysis:
     view.trace.events, view.ops, view.matches, view.graph = (part.events, part.ops,
                                                              part.within, part.graph)
     view.start, view.end, view.slow_op = part.graph.start, part.graph.end, part.slow_op
+    view.remote_start = part.remote_start
     return view
 
 
