@@ -118,8 +118,8 @@ def step_slow_names(work: pd.DataFrame, stragglers: pd.DataFrame, peers: Peers
                     ) -> set[tuple[int, int, str]]:
     """(step, rank, name) of the op names of each step straggler whose time in that step
     exceeds SLOW_RANK_FACTOR times its peers' median for the name in the step (a name they do
-    not run there, any time), by SLOW_OP_SHARE of the rank's work in the step at least: what
-    made it slow, not its ordinary work."""
+    not run there, any time): what made it slow (a sleep, every kernel of a throttled device),
+    not its ordinary work."""
     flagged: set[tuple[int, int, str]] = set()
     for step, rank in stragglers[["step", "rank"]].itertuples(index=False):
         mine = work[(work["step"] == step)]
@@ -129,8 +129,7 @@ def step_slow_names(work: pd.DataFrame, stragglers: pd.DataFrame, peers: Peers
                                     aggfunc="sum").median(axis=1)
         own = mine[mine["rank"] == rank].set_index("name")["ns"]
         usual = median.reindex(own.index).fillna(0).to_numpy()
-        slow = (own.to_numpy() > SLOW_RANK_FACTOR * usual) & (
-            own.to_numpy() - usual >= SLOW_OP_SHARE * own.sum())
+        slow = own.to_numpy() > SLOW_RANK_FACTOR * usual
         flagged |= {(int(step), int(rank), str(n)) for n in own.index[slow]}
     return flagged
 

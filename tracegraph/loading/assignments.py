@@ -16,8 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 
-SEARCH_STEPS = 20_000
+SEARCH_STEPS = 50_000
 """Partial assignments tried before the search gives up (an open thread stays open)."""
 
 
@@ -68,6 +69,8 @@ class _Search:
         self.allowed = candidates & (assign >= 0)[:, None]  # settled threads keep their group
         self.count = self.steps = 0
         self.present = set(np.unique(ops.rank).tolist())  # ranks with worker collectives
+        self.kind = pd.factorize(pd.MultiIndex.from_arrays(
+            [ops.comm, np.where(ops.shaped, ops.size, -1)]))[0]  # what partners must share
         last: dict[int, int] = {}
         for i, u in enumerate(open_units):
             for g in np.flatnonzero(candidates[u]):
@@ -87,10 +90,28 @@ class _Search:
         for g in np.flatnonzero(self.candidates[u]):
             self.steps += 1
             self.assign[u] = g
-            if all(_holds(self.ops, self.assign, int(h), self.present)
-                   for h in self.complete_at.get(i, ())):
+            if all(self._may_hold(int(h)) for h in np.flatnonzero(self.candidates[u])) and all(
+                    _holds(self.ops, self.assign, int(h), self.present)
+                    for h in self.complete_at.get(i, ())):
                 self.run(i + 1)
         self.assign[u] = -1
+
+    def _may_hold(self, g: int) -> bool:
+        """Whether group `g` can still hold: for every two of its members, the ops of each kind
+        one has on it within the other's window are no more than the other can still have."""
+        ops, unit = self.ops, self.ops.unit
+        on = self.assign[unit] == g
+        maybe = on | ((self.assign[unit] < 0) & self.candidates[unit, g])
+        ranks = [r for r in ops.members[g] if r in self.present]
+        kinds = int(self.kind.max()) + 1 if len(self.kind) else 0
+
+        def count(mask: np.ndarray, rank: int, other: int) -> np.ndarray:
+            idx = _within(ops, np.flatnonzero(mask & (ops.rank == rank)), other)
+            return np.bincount(self.kind[idx], minlength=kinds)
+
+        return all((count(on, a, b) <= count(maybe, b, a)).all()
+                   and (count(on, b, a) <= count(maybe, a, b)).all()
+                   for a in ranks[:1] for b in ranks[1:])
 
 
 def _holds(ops: Collectives, assign: np.ndarray, g: int, present: set[int]) -> bool:

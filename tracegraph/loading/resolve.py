@@ -22,13 +22,18 @@ belongs to) are narrowed by facts that hold in every run, never by preference fo
   rank's other steps, is on that group. This is the one premise beyond physics; it settles the
   last step's DP all-reduce of a pipeline's first stage, which runs after the other stage's
   profile window has closed (corpus pp2dp2_*), so no overlap can rule its other groups out.
+* Members agree: the threads still open are assigned by a search over every assignment of them
+  to their candidate groups under which each group's members show the same sequence of
+  collectives on it, the k-th of each at one moment (`assignments`): a group one assignment
+  alone fits is settled; where several fit, the warning says how many.
 * Instances: gloo runs a group's collectives in the order they were issued, so where every
   profiled member shows the same issued sequence on a group and each k-th op overlaps on all of
   them, k is the instance number (`seq`).
 
 What none of these settles (two groups with the same members, say) stays open, with a warning.
-Overlaps allow SAME_HOST_SLACK_NS when every rank ran on one host (one clock), else
-OTHER_HOST_SLACK_NS; if the timings contradict every candidate of some op, they are not used.
+Overlaps allow SAME_HOST_SLACK_NS when every rank ran on one host (one clock: a member never
+finishes a collective before another starts it), else OTHER_HOST_SLACK_NS; if the timings
+contradict every candidate of some op, they are not used.
 """
 
 from __future__ import annotations
@@ -48,7 +53,8 @@ from tracegraph.loading.assignments import Collectives, Fit, fitting
 from tracegraph.schema import NO_INT
 
 SAME_HOST_SLACK_NS = 50_000
-"""Overlap tolerance between ranks of one host (one clock: only rounding)."""
+"""Overlap tolerance between ranks of one host (one clock: only rounding; the corpus' instances
+overlap on all their members by 67 µs at least)."""
 OTHER_HOST_SLACK_NS = 10_000_000
 """Overlap tolerance between hosts, whose clocks are only roughly in step."""
 _SAME_SHAPE = frozenset({"allreduce", "broadcast", "reduce"})  # every member passes one shape

@@ -381,13 +381,14 @@ class Job:
         factor = sc.stage_scale[ctx.place.stage] if sc.stage_scale else 1.0
         slow = rank == sc.slow_rank and sc.slow_factor != 1.0
         late = rank == sc.late_rank and pattern.endswith("mlp") and sc.late_factor != 1.0
-        factor *= (sc.slow_factor if slow else 1.0) * (sc.late_factor if late else 1.0)
+        in_step = next((f for r, s, f in sc.step_slowdowns if r == rank and s == ctx.step), 1.0)
+        factor *= (sc.slow_factor if slow else 1.0) * (sc.late_factor if late else 1.0) * in_step
         dur = int(ms * MS * factor * np.exp(self.rng.normal(0.0, sc.noise)))
         facts = dict(phase=act.phase, microbatch=act.microbatch, chunk=act.chunk) if act else {}
         layers = self.layers[act.chunk] if act else 1
         return self._op(ctx, sc.compute_stream, COMPUTE, dur=dur, pattern=pattern,
                         launches=kernel_count(pattern, layers, sc.kernels_per_chunk),
-                        meta_step=meta, slow=slow or late, **facts)
+                        meta_step=meta, slow=slow or late or in_step != 1.0, **facts)
 
     def _comm(self, ctx: _Ctx, stream: int, kind: str, comm: str, group: str, nbytes: int,
               dur: int, dtype: str, **facts: object) -> Op:

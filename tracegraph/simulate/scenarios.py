@@ -45,6 +45,8 @@ class Scenario:
     stage_scale: tuple[float, ...] = ()  # per-stage compute speed (calibration), () = all 1
     slow_rank: int = -1
     slow_factor: float = 1.0
+    step_slowdowns: tuple[tuple[int, int, float], ...] = ()  # (rank, step, factor): slower in
+    # that step only
     # --- pipeline P2P (one 2-rank group and stream per edge, p2p_transport multi_stream)
     p2p_bytes: int = 8 * MIB
     p2p_gbps: float = 16.5
@@ -149,6 +151,11 @@ PP_COMPUTE_HEALTHY = dataclasses.replace(
     PP_COMPUTE_STRAGGLER, name="pp-compute-healthy", slow_rank=-1, slow_factor=1.0,
     description="the same PP4 job without the straggler: what fixing rank 2 would give")
 
+PP_ROTATING_STRAGGLER = dataclasses.replace(
+    PP_COMPUTE_HEALTHY, name="pp-rotating-straggler", step_slowdowns=((1, 1, 2.5), (2, 2, 2.5)),
+    description="PP4 1F1B, 8 microbatches; rank 1 computes 2.5x slower in step 1, rank 2 in step "
+                "2: over the profile neither is slower than the other")
+
 PP_MEMORY = Scenario(
     name="pp-memory",
     description="PP4 1F1B, 8 microbatches, profile_memory: stage r keeps p - r microbatches of "
@@ -183,8 +190,8 @@ LARGE = Scenario(
 
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     HSDP_STRAGGLER_SYNC, HSDP_STRAGGLER_ASYNC, EP_A2A_OVERLAP, EP_A2A_SERIALIZED,
-    SERIALIZED_STREAMS, PP_COMPUTE_STRAGGLER, PP_COMPUTE_HEALTHY, PP_MEMORY, VPP, VPP_ANNOTATED,
-    VPP_LABELLED, LARGE)}
+    SERIALIZED_STREAMS, PP_COMPUTE_STRAGGLER, PP_COMPUTE_HEALTHY, PP_ROTATING_STRAGGLER,
+    PP_MEMORY, VPP, VPP_ANNOTATED, VPP_LABELLED, LARGE)}
 
 
 def scenario(name: str, **overrides: object) -> Scenario:
