@@ -75,7 +75,8 @@ def test_world_metrics_dp_reductions_settled_and_the_world_one_left_open(
     assert all(g == _dp_group_of("world_metrics_allreduce", r)
                for r, g in zip(dp["rank"], dp["group"], strict=True))
     assert set(ops.loc[ops["bytes"] == 4, "group"]) == {""}
-    said = [w for w in trace.warnings if "gloo collectives on 2 worker thread(s) is one of 0, " in w]
+    said = [w for w in trace.warnings
+            if "gloo collectives on 2 worker thread(s) is one of 0, " in w]
     assert len(said) == 4  # each step's metrics all_reduce fits the world group, both ranks'
     assert all("; 9 assignments of the open worker threads" in w for w in said)  # pp or dp
     # groups alike, on all four ranks: 3 ways in each of the 2 steps

@@ -53,8 +53,8 @@ from tracegraph.loading.assignments import Collectives, Fit, fitting
 from tracegraph.schema import NO_INT
 
 SAME_HOST_SLACK_NS = 50_000
-"""Overlap tolerance between ranks of one host (one clock: only rounding; the corpus' instances
-overlap on all their members by 67 µs at least)."""
+"""Overlap tolerance between ranks of one host (one clock: only rounding; the corpus' numbered
+instances overlap on all their members by 0.37 ms at least)."""
 OTHER_HOST_SLACK_NS = 10_000_000
 """Overlap tolerance between hosts, whose clocks are only roughly in step."""
 _SAME_SHAPE = frozenset({"allreduce", "broadcast", "reduce"})  # every member passes one shape
