@@ -108,8 +108,8 @@ def analyze_on_cluster(trace: ClusterTrace, *, threshold_ms: float = 1.0) -> Ana
     medians = pd.concat(parts.each(_medians), ignore_index=True)
     flagged, shared = slow_names(medians, slow, profiled, host, peers)
     work = pd.concat(parts.each(_step_work, steps), ignore_index=True)
-    per_step = step_stragglers(work, steps, peers)
-    in_step = (step_slow_names(work, per_step, peers), steps)
+    per_step = step_stragglers(work, steps, peers, host)
+    in_step = (step_slow_names(work, per_step, peers, host), steps)
     pipelined = pipelined_job(comm, trace.groups)
     parts.run(_prepare, trace.groups, incomplete, (slow, flagged, shared, peers, in_step),
               pipelined)

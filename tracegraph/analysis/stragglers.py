@@ -20,7 +20,10 @@ HOST_SPREAD = 0.10  # the least spread of host-thread work: a share of the ranks
 SLOW_OP_SHARE = 0.01  # an op name is slow on a rank when its excess is this share at least
 SPREAD_MIN = 4  # values a group needs to tell its own spread
 STEP_FACTOR = 2.0  # work this many times its peers' median in a step: that step's straggler
-STEP_SHARE = 0.05  # ... by at least this share of the step (host noise moves a few ms)
+STEP_SHARE = 0.05  # ... by at least this share of the step
+HOST_STEP_NOISE_NS = 20_000_000  # ... and, measured on host threads, by this much: a core held
+# by other processes for a few scheduler slices adds that much to a step's work (a healthy
+# PP2 x DP2 gloo job: one aten::transpose of 4.5 ms where its peer's took 0.06 ms)
 STEP_COLUMNS = ["step", "rank", "work_ms", "peers_ms", "ratio"]
 
 
@@ -87,15 +90,17 @@ def by_step(walk: BindingWalk, steps: pd.DataFrame, peers: Peers
             ) -> tuple[pd.DataFrame, np.ndarray]:
     """The step stragglers (`step_stragglers`) and the mask of the ops that made each slow in
     its step (`step_slow_names`)."""
-    work = step_work(walk, steps)
-    found = step_stragglers(work, steps, peers)
-    flagged = step_slow_names(work, found, peers)
+    work, host = step_work(walk, steps), on_host(walk.graph.ops)
+    found = step_stragglers(work, steps, peers, host)
+    flagged = step_slow_names(work, found, peers, host)
     return found, step_slow_mask(walk.graph.ops, flagged, steps, walk.graph.start)
 
 
-def step_stragglers(work: pd.DataFrame, steps: pd.DataFrame, peers: Peers) -> pd.DataFrame:
+def step_stragglers(work: pd.DataFrame, steps: pd.DataFrame, peers: Peers, host: bool
+                    ) -> pd.DataFrame:
     """STEP_COLUMNS of each rank whose work in a step (`step_work`) is STEP_FACTOR times the
-    median of its peers' in that step at least, by STEP_SHARE of the step's length."""
+    median of its peers' in that step at least, by STEP_SHARE of the step's length (and by
+    HOST_STEP_NOISE_NS for a job seen through host threads, `host`: see `on_host`)."""
     totals = work.groupby(["step", "rank"], as_index=False)["ns"].sum()
     totals = totals[totals["rank"].isin(list(peers.classes))]
     if totals.empty:
@@ -107,19 +112,21 @@ def step_stragglers(work: pd.DataFrame, steps: pd.DataFrame, peers: Peers) -> pd
     span = length.reindex(pd.MultiIndex.from_frame(totals[["rank", "step"]])).to_numpy()
     ns = totals["ns"].to_numpy()
     with np.errstate(divide="ignore", invalid="ignore"):
-        slow = (ns >= STEP_FACTOR * others) & (ns - others >= STEP_SHARE * span)
+        slow = (ns >= STEP_FACTOR * others) & (ns - others >= STEP_SHARE * span) & (
+            ns - others >= (HOST_STEP_NOISE_NS if host else 0))
         ratio = ns / others
     found = totals[slow].assign(work_ms=ns[slow] / 1e6, peers_ms=others[slow] / 1e6,
                                 ratio=ratio[slow])
     return found[STEP_COLUMNS].sort_values(["step", "rank"], ignore_index=True)
 
 
-def step_slow_names(work: pd.DataFrame, stragglers: pd.DataFrame, peers: Peers
+def step_slow_names(work: pd.DataFrame, stragglers: pd.DataFrame, peers: Peers, host: bool
                     ) -> set[tuple[int, int, str]]:
     """(step, rank, name) of the op names of each step straggler whose time in that step
     exceeds SLOW_RANK_FACTOR times its peers' median for the name in the step (a name they do
     not run there, any time): what made it slow (a sleep, every kernel of a throttled device),
-    not its ordinary work."""
+    not its ordinary work; on host threads (`host`) by SLOW_OP_SHARE of its work in the step at
+    least (a host's noise moves each small op's time by more than SLOW_RANK_FACTOR)."""
     flagged: set[tuple[int, int, str]] = set()
     for step, rank in stragglers[["step", "rank"]].itertuples(index=False):
         mine = work[(work["step"] == step)]
@@ -129,7 +136,9 @@ def step_slow_names(work: pd.DataFrame, stragglers: pd.DataFrame, peers: Peers
                                     aggfunc="sum").median(axis=1)
         own = mine[mine["rank"] == rank].set_index("name")["ns"]
         usual = median.reindex(own.index).fillna(0).to_numpy()
-        slow = own.to_numpy() > SLOW_RANK_FACTOR * usual
+        excess = own.to_numpy() - usual
+        slow = (own.to_numpy() > SLOW_RANK_FACTOR * usual) & (
+            excess >= (SLOW_OP_SHARE * own.sum() if host else 0))
         flagged |= {(int(step), int(rank), str(n)) for n in own.index[slow]}
     return flagged
 
