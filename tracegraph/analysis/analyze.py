@@ -16,7 +16,9 @@ from tracegraph.analysis.blame import Blamer, Bubble
 from tracegraph.analysis.bubbles import SAMPLED, find_bubbles
 from tracegraph.analysis.critical_path import PathSegment, critical_path, step_windows_of_slowest
 from tracegraph.analysis.peers import Peers, find_peers
-from tracegraph.analysis.stragglers import STEP_COLUMNS, by_step, profiled_ns, slow_ops, slow_ranks
+from tracegraph.analysis.step_stragglers import COLUMNS as STEP_COLUMNS
+from tracegraph.analysis.step_stragglers import by_step
+from tracegraph.analysis.stragglers import profiled_ns, slow_ops, slow_ranks
 from tracegraph.analysis.walk import BindingWalk
 from tracegraph.graph.clock import estimate_offsets
 from tracegraph.graph.depgraph import DepGraph, build_graph
@@ -55,7 +57,7 @@ class Analysis:
     step_stragglers: pd.DataFrame = field(
         default_factory=lambda: pd.DataFrame(columns=STEP_COLUMNS))
     """step, rank, work_ms, peers_ms, ratio: a rank's work in one step STEP_FACTOR times its
-    peers' median there (stragglers.by_step)"""
+    peers' median there (step_stragglers.py)"""
 
     @property
     def sampled(self) -> bool:

@@ -57,6 +57,12 @@ from tracegraph.analysis.critical_path import (
     with_tail,
 )
 from tracegraph.analysis.peers import Peers, op_mix, peers_of
+from tracegraph.analysis.step_stragglers import (
+    step_slow_mask,
+    step_slow_names,
+    step_work,
+    stragglers,
+)
 from tracegraph.analysis.stragglers import (
     all_threads,
     name_medians,
@@ -65,10 +71,6 @@ from tracegraph.analysis.stragglers import (
     slow_among,
     slow_names,
     slow_op_mask,
-    step_slow_mask,
-    step_slow_names,
-    step_stragglers,
-    step_work,
 )
 from tracegraph.analysis.walk import STEP_TAIL, BindingWalk, Piece, fold_slivers, wake_up
 from tracegraph.graph.clock import estimate_offsets
@@ -108,7 +110,7 @@ def analyze_on_cluster(trace: ClusterTrace, *, threshold_ms: float = 1.0) -> Ana
     medians = pd.concat(parts.each(_medians), ignore_index=True)
     flagged, shared = slow_names(medians, slow, profiled, host, peers)
     work = pd.concat(parts.each(_step_work, steps), ignore_index=True)
-    per_step = step_stragglers(work, steps, peers, host)
+    per_step = stragglers(work, steps, peers, host)
     in_step = (step_slow_names(work, per_step, peers, host), steps)
     pipelined = pipelined_job(comm, trace.groups)
     parts.run(_prepare, trace.groups, incomplete, (slow, flagged, shared, peers, in_step),
