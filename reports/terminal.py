@@ -63,7 +63,8 @@ def print_bubbles(console: Console, summary: dict[str, object]) -> None:
     labels = group_labels(pd.DataFrame(summary["groups"])) if summary.get("groups") else {}
     total = summary["bubble_count"]
     if not total:
-        console.print("\nno bubble: no stall on a main lane reached the threshold",
+        least = f" of {summary['threshold_ms']:g} ms" if "threshold_ms" in summary else ""
+        console.print(f"\nno bubbles: no stall{least} or more on any rank's main compute lane",
                       highlight=False)
         return
     console.print(f"\n{len(summary['bubbles'])} of {plural(total, 'bubble')}, longest first:",
@@ -82,7 +83,8 @@ def print_analysis(console: Console, summary: dict[str, object],
     labels = group_labels(pd.DataFrame(summary["groups"])) if summary.get("groups") else {}
     for step in summary["steps"]:
         stated = step.get("from_step_table", [])
-        table = Table(title=f"step {step['step']}: {step['max_ms']:.1f} ms (slowest rank)")
+        name = f"step {step['step']}" if step["step"] >= 0 else "whole span (no step markers)"
+        table = Table(title=f"{name}: {step['max_ms']:.1f} ms (slowest rank)")
         table.add_column("rank")
         table.add_column("step ms", justify="right")
         if stated:
@@ -108,11 +110,15 @@ def straggler_lines(summary: dict[str, object], shown: int = 8) -> list[str]:
     """The compute stragglers named, and the ranks not judged and why (the first `shown`)."""
     judged = summary.get("stragglers") or {}
     unjudged = judged.get("not_judged") or {}
-    if not summary["slow_ranks"] and not unjudged:
+    by_step = judged.get("by_step") or []
+    if not summary["slow_ranks"] and not unjudged and not by_step:
         return []
-    lines = [f"compute stragglers: {summary['slow_ranks'] or 'none named'}"
+    named = summary["slow_ranks"] or ("none over the whole profile" if by_step else "none named")
+    lines = [f"compute stragglers: {named}"
              + (f" (judged against peers doing the same work: "
                 f"{', '.join(map(str, judged['peers']))})" if judged.get("peers") else "")]
+    lines += [f"  in step {s['step']}: rank {s['rank']} worked {s['work_ms']:.1f} ms, "
+              f"{s['ratio']:.1f}× its peers' median {s['peers_ms']:.1f} ms" for s in by_step]
     lines += [f"  rank {rank} not judged: {why}" for rank, why in list(unjudged.items())[:shown]]
     if len(unjudged) > shown:
         lines.append(f"  … {len(unjudged) - shown} more ranks not judged")

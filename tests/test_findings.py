@@ -23,6 +23,7 @@ from tracegraph.cli.app import app
 from tracegraph.simulate import simulate
 from tracegraph.simulate.bundle_writer import write_bundle
 from tracegraph.verify.checks import Rule, evaluate
+from tracegraph.whatif.ceilings import gain_ceilings
 
 FORMATS = ("ascend", "kineto")
 
@@ -210,6 +211,32 @@ def test_exposure_waiting_on_a_late_peer_is_not_the_transfers(real: Path) -> Non
     finding = kinds(analysis)["exposed_comm"]
     assert finding.severity == "info" and "waiting for work elsewhere" in finding.title
     assert finding.evidence["by_dim"]["ep"]["waiting_ms"] > 380  # ranks 0 and 2 together
+
+
+def test_the_transfers_own_time_is_what_the_path_and_the_replay_credit() -> None:
+    """The seed sample's PP P2P (hcom_batchSendRecv on streams 49 / 50): an op waits for its
+    peer's half, then moves its 8 MiB in ~0.5 ms. Of the P2P time the compute stream does not
+    hide, only what runs after the peer's half was posted is the transfers' own (before: ~1,869
+    of 3,995 ms per step over the ranks, while the replay credits P2P with 17.8 ms): the
+    critical path's transfer stretches lie in exactly that part of their ops, and the replay's
+    P2P ceiling is the path's P2P transfer time."""
+    analysis = analyze(tracegraph.load(SAMPLES / "simulated/hsdp-straggler-sync-ascend.tar.gz",
+                                       use_cache=False))
+    pp = exposed_table(analysis, stage_of(analysis)).set_index(["rank", "dim"]).xs(
+        "pp", level="dim")
+    assert (pp["own_ms"] < 0.03 * pp["exposed_ms"]).all()
+    assert (pp["waiting_ms"] > 0.95 * pp["exposed_ms"]).all()
+    released, end = analysis.released(), analysis.end
+    [path] = analysis.critical_paths.values()
+    moving = [s for s in path if s.kind == "transfer"]
+    assert moving and all(released[s.op] - 2_000 <= s.start and s.end <= end[s.op] + 2_000
+                          for s in moving)  # slivers (< 2 µs) fold into their neighbours
+    on_path = sum(s.end - s.start for s in moving if s.category == "pp_p2p") / 1e6
+    finding = kinds(analysis)["exposed_comm"].evidence["by_dim"]["pp"]
+    assert finding["exposed_ms"] - finding["waiting_ms"] == pytest.approx(pp["own_ms"].sum(),
+                                                                          abs=0.01)
+    ceiling = next(c for c in gain_ceilings(analysis)["causes"] if c["category"] == "pp_p2p")
+    assert ceiling["ceiling_ms"] == pytest.approx(on_path, rel=0.05)
 
 
 def test_exposure_only_of_ranks_whose_compute_is_timed(real: Path) -> None:

@@ -75,8 +75,36 @@ def test_world_metrics_dp_reductions_settled_and_the_world_one_left_open(
     assert all(g == _dp_group_of("world_metrics_allreduce", r)
                for r, g in zip(dp["rank"], dp["group"], strict=True))
     assert set(ops.loc[ops["bytes"] == 4, "group"]) == {""}
-    assert sum("gloo collectives on 2 worker thread(s) is one of 0, " in w
-               for w in trace.warnings) == 4
+    said = [w for w in trace.warnings
+            if "gloo collectives on 2 worker thread(s) is one of 0, " in w]
+    assert len(said) == 4  # each step's metrics all_reduce fits the world group, both ranks'
+    assert all("; 9 assignments of the open worker threads" in w for w in said)  # pp or dp
+    # groups alike, on all four ranks: 3 ways in each of the 2 steps
+
+
+def test_every_assignment_that_fits_is_counted(loaded: dict[str, Trace]) -> None:
+    """dp4_before_allreduce: each rank's DP all_reduces fit the world group "0", the DP group
+    "5" or, every rank on its own, its TP singleton ("1"-"4"): three assignments, no mix (a
+    rank on a group the others are not on would leave that group's members disagreeing)."""
+    said = [w for w in loaded["dp4_before_allreduce"].warnings if "worker thread(s)" in w]
+    assert [w.split(":")[0] for w in said] == [f"rank {r}" for r in range(4)]
+    assert all("; 3 assignments of the open worker threads to groups agree" in w for w in said)
+
+
+@pytest.mark.parametrize("case", ["pp2dp2_wait_before_send", "hsdp_tail_wait_before_send",
+                                  "pp2dp2_one_replica"])
+def test_the_members_agreement_alone_settles_the_dp_reductions(
+        case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the timing facts (each op's partners overlapping it), the one assignment of the
+    worker threads every group's members agree with (the stages' all_reduces differ in size) is
+    the truth's: each rank's DP group."""
+    from tracegraph.loading import resolve
+
+    monkeypatch.setattr(resolve, "_narrow_collectives", lambda work, bundle: True)
+    ops = _ops(tracegraph.load(folder(case), use_cache=False), ("gloo:all_reduce",))
+    assert len(ops)
+    for rank, mine in ops.groupby("rank"):
+        assert set(mine["group"]) == {_dp_group_of(case, int(rank))}
 
 
 @pytest.mark.parametrize("case", ["dp4_opt_straggler", "dp4_host_stall", "ep4_a2a_layers"])
@@ -235,3 +263,19 @@ def test_clocks_apart_leave_the_groups_open(tmp_path: Path) -> None:
     trace = tracegraph.load(tmp_path / case, use_cache=False)
     assert any("timings rule out every group" in w for w in trace.warnings)
     assert set(_ops(trace, ("gloo:all_reduce",))["group"]) == {""}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_members_of_an_instance_run_at_one_moment(loaded: dict[str, Trace], case: str
+                                                       ) -> None:
+    """No member finishes a collective before another starts it: on one host (one clock) the
+    members of every numbered instance overlap by more than the slack the settling allows
+    (SAME_HOST_SLACK_NS), which is so only a tolerance for the clock's rounding."""
+    from tracegraph.loading.resolve import SAME_HOST_SLACK_NS
+
+    ops = _ops(loaded[case], GLOO_OPS)
+    ops = ops[(ops["seq"] >= 0) & (ops["group"] != "")]
+    ends = ops["start_ns"] + ops["dur_ns"]
+    by = ops.assign(end=ends).groupby(["group", "seq"], observed=True)
+    apart = (by["start_ns"].max() - by["end"].min()).to_numpy()
+    assert (apart < -SAME_HOST_SLACK_NS).all()

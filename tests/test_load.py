@@ -182,6 +182,31 @@ def test_long_rank_lists_are_cut_in_warnings() -> None:
     assert strided.count(",") == 16
 
 
+def test_inventory_counts_host_calls(real: Path, cache_dir: Path) -> None:
+    """HTA negative_queue_length_values_check rank 0, read by hand: 55 `c10d::alltoall_base_`,
+    10 each of allreduce_, _allgather_base_, _reduce_scatter_base_ (cpu_ops); 80 SendRecv
+    kernels, 75 launched inside those calls (10 all-to-all calls launched none the trace kept)
+    and 5 whose launch the trace does not hold (their type unknown: NCCL runs all-to-all and
+    P2P with the same kernel). mi300: 6 allreduce_ and 6 broadcast_ calls (each with a nested
+    record_param_comms, not counted again), 5 Generic kernels launched before the window.
+    The corpus' gloo ranks: 8 c10d::send, 8 c10d::recv_ and 2 c10d::allreduce_ each."""
+    def comm_ops(bundle: Path) -> list[dict[str, object]]:
+        return inventory(tracegraph.load(bundle, cache_dir=cache_dir))["ranks"][0]["comm_ops"]
+
+    hta = comm_ops(real / "kineto/hta/negative_queue_length_values_check")
+    assert {(c["comm"], c["count"], c.get("no_kernel")) for c in hta if "host_call" not in c} == {
+        ("allgather", 10, 0), ("allreduce", 10, 0), ("alltoall", 55, 10),
+        ("reducescatter", 10, 0)}
+    assert [c for c in hta if "host_call" in c] == [
+        {"comm": "", "group": "", "count": 5, "host_call": False, "kernel": "SendRecv"}]
+    mi300 = comm_ops(real / "kineto/tracelens/mi300")
+    assert [(c["comm"], c["count"], c.get("kernel")) for c in mi300] == [
+        ("allreduce", 6, None), ("broadcast", 6, None), ("", 5, "Generic")]
+    gloo = comm_ops(Path(__file__).parent / "data/corpus/pp2dp2_wait_before_send")
+    assert [(c["comm"], c["group"], c["count"]) for c in gloo] == [
+        ("allreduce", "1", 2), ("recv", "3", 8), ("send", "3", 8)]
+
+
 def test_inventory_counts_what_each_rank_holds(cache_dir: Path) -> None:
     """A rank's kinds, lanes and comm ops are its own, in the order of their names (the
     events' string coding is shared by every rank: a kind only another rank has is not

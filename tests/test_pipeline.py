@@ -34,14 +34,15 @@ def simulated(tmp_path_factory: pytest.TempPathFactory):
     """(scenario, format) -> (analysis, true pipeline), built once per module."""
     made = {}
 
-    def get(name: str, fmt: str):
-        if (name, fmt) not in made:
-            timeline = simulate(name)
+    def get(name: str, fmt: str, **overrides: object):
+        key = (name, fmt, *sorted(overrides.items()))
+        if key not in made:
+            timeline = simulate(name, **overrides)
             archive = write_bundle(timeline, tmp_path_factory.mktemp(name) / f"{fmt}.tar.gz",
                                    fmt)
             analysis = analyze(tracegraph.load(archive, use_cache=False))
-            made[name, fmt] = analysis, truth_pipeline.from_timeline(analysis, timeline)
-        return made[name, fmt]
+            made[key] = analysis, truth_pipeline.from_timeline(analysis, timeline)
+        return made[key]
     return get
 
 
@@ -109,6 +110,47 @@ def test_framework_ranges_and_without_them(simulated, fmt: str) -> None:
     found = pipeline.recover(bare)
     assert found.source == "op order"
     assert_interleaved(found, truth)
+
+
+@pytest.mark.parametrize(("fmt", "label", "first"), [
+    ("kineto", "{PHASE} chunk={chunk} mb={mb}", "FWD chunk=0 mb=0"),
+    ("ascend", "{PHASE} chunk={chunk} mb={mb}", "FWD chunk=0 mb=0"),
+    ("kineto", "{phase} model_chunk_id={chunk} microbatch_id={mb}",
+     "forward_step model_chunk_id=0 microbatch_id=0"),
+    ("ascend", "{phase} vpp_rank={chunk} micro_batch={mb}", "forward vpp_rank=0 micro_batch=0"),
+])
+def test_interleaved_ranges_labelled_with_chunk_and_microbatch(simulated, fmt: str, label: str,
+                                                                first: str) -> None:
+    """`vpp-labelled`: every forward and backward range names its model chunk and microbatch,
+    the chunk first (`FWD chunk=1 mb=3`, Megatron's `model_chunk_id` / `microbatch_id`, mstx
+    `vpp_rank` / `micro_batch`): the interleaved schedule is read from the labels, right."""
+    analysis, truth = simulated("vpp-labelled", fmt, range_label=label)
+    markers = analysis.trace.events.loc[analysis.trace.events["kind"] == schema.MARKER, "name"]
+    assert first in set(markers)
+    found = pipeline.recover(analysis)
+    assert found.source == "annotations"
+    assert_interleaved(found, truth)
+    assert labelled_right(truth, found) == 1.0
+
+
+@pytest.mark.parametrize("case", ["pp4_1f1b_bwd_straggler", "world_metrics_allreduce"])
+def test_corpus_ranges_relabelled_chunk_first(case: str, tmp_path: Path) -> None:
+    """The real corpus pipelines with each `FWD mb=i` / `BWD mb=i` range renamed `FWD chunk=0
+    mb=i` (the chunk first, as interleaving frameworks write it): the same blocks, from the
+    labels."""
+    folder = CORPUS / case
+    for path in folder.glob("rank*.json.gz"):
+        doc = json.loads(gzip.decompress(path.read_bytes()))
+        for e in doc["traceEvents"]:
+            if e.get("cat") == "user_annotation" and RANGE.match(e.get("name", "")):
+                phase, mb = e["name"].split(" mb=")
+                e["name"] = f"{phase} chunk=0 mb={mb}"
+        (tmp_path / path.name).write_bytes(gzip.compress(json.dumps(doc).encode()))
+    truth = pipeline.from_annotations(analyze(tracegraph.load(folder, use_cache=False)))
+    found = pipeline.recover(analyze(tracegraph.load(tmp_path, use_cache=False)))
+    assert found.source == "annotations" and found.reason == ""
+    assert labelled_right(truth, found) == 1.0
+    assert len(found.blocks) == len(truth.blocks)
 
 
 def test_gloo_sample_without_its_ranges(gloo_analysis, tmp_path: Path) -> None:

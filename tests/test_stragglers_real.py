@@ -22,7 +22,7 @@ import pytest
 
 import tracegraph
 from tests.conftest import REAL
-from tests.corpus import folder
+from tests.corpus import CASES, folder, truth
 from tests.test_checks import run_cli
 from tracegraph import causes
 from tracegraph.analysis.analyze import Analysis, analyze
@@ -103,3 +103,36 @@ def test_two_peers_judge_each_other_against_the_other_pairs_spread():
     analysis = analysed(folder("world_metrics_allreduce"))
     assert analysis.peers.groups() == [[0, 2], [1, 3]]
     assert analysis.slow_ranks == set()
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_step_stragglers_are_the_injected_ones(case: str):
+    """Each step's stragglers are the ranks that slept in that step: ground_truth.json's
+    compute_straggler injections (pp4_1f1b_bwd_straggler: 50 ms in each of 8 backwards) on a
+    rank with a peer, in the profiled steps; no healthy rank in any step. A rank
+    that slept in one step only (dp4_opt_straggler: rank 1, step 2) is that step's straggler,
+    not the next step's, where the others wait for it. In hsdp_tail_* rank 3's 150 ms sleep sits
+    beside 250 ms of LOCAL_WORK that every rank does: 1.6x its peer's step, below STEP_FACTOR
+    (the whole-profile judgement names it)."""
+    t = truth(case)
+    analysis = analysed(folder(case))
+    slept = {(step, i["rank"]) for i in t["injections"] if i["rank"] in analysis.peers.classes
+             and i["root_category"] == causes.COMPUTE_STRAGGLER and not case.startswith("hsdp")
+             for step in i["steps"]}
+    found = set(zip(analysis.step_stragglers["step"], analysis.step_stragglers["rank"],
+                    strict=True))
+    assert found == slept
+    assert (analysis.step_stragglers["ratio"] >= 2).all()
+    if case == "dp4_opt_straggler":  # its sleep is compute_straggler in step 2 only
+        slow = analysis.ops.frame[analysis.slow_op]
+        assert set(zip(slow["rank"], slow["name"], strict=True)) >= {(1, "straggler_sleep")}
+
+
+def test_analyze_lists_each_steps_stragglers(tmp_path: Path):
+    """dp4_opt_straggler: rank 1 sleeps 200 ms in OPT step of step 2, its peers work ~3.5 ms."""
+    bundle = folder("dp4_opt_straggler")
+    summary = json.loads(run_cli("analyze", bundle, "--json", "--cache-dir", tmp_path).stdout)
+    [row] = summary["stragglers"]["by_step"]
+    assert (row["step"], row["rank"]) == (2, 1) and row["work_ms"] > 200 > 20 * row["peers_ms"]
+    text = " ".join(run_cli("analyze", bundle, "--cache-dir", tmp_path).stdout.split())
+    assert f"in step 2: rank 1 worked {row['work_ms']:.1f} ms, {row['ratio']:.1f}×" in text

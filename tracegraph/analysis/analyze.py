@@ -16,6 +16,8 @@ from tracegraph.analysis.blame import Blamer, Bubble
 from tracegraph.analysis.bubbles import SAMPLED, find_bubbles
 from tracegraph.analysis.critical_path import PathSegment, critical_path, step_windows_of_slowest
 from tracegraph.analysis.peers import Peers, find_peers
+from tracegraph.analysis.step_stragglers import COLUMNS as STEP_COLUMNS
+from tracegraph.analysis.step_stragglers import by_step
 from tracegraph.analysis.stragglers import profiled_ns, slow_ops, slow_ranks
 from tracegraph.analysis.walk import BindingWalk
 from tracegraph.graph.clock import estimate_offsets
@@ -23,7 +25,7 @@ from tracegraph.graph.depgraph import DepGraph, build_graph
 from tracegraph.graph.match import Matches, match
 from tracegraph.graph.ops import Ops, build_ops
 from tracegraph.heap import hand_back
-from tracegraph.loading.steps import step_markers
+from tracegraph.loading.steps import step_markers, unstepped
 from tracegraph.loading.trace import Trace
 from tracegraph.progress import Progress
 
@@ -52,6 +54,10 @@ class Analysis:
     slow_op: np.ndarray  # per op: straggler compute
     warnings: list[str] = field(default_factory=list)
     threshold_ms: float = 1.0  # the shortest stall counted as a bubble
+    step_stragglers: pd.DataFrame = field(
+        default_factory=lambda: pd.DataFrame(columns=STEP_COLUMNS))
+    """step, rank, work_ms, peers_ms, ratio: a rank's work in one step STEP_FACTOR times its
+    peers' median there (step_stragglers.py)"""
 
     @property
     def sampled(self) -> bool:
@@ -111,6 +117,12 @@ class Analysis:
         missing = ~pd.MultiIndex.from_frame(stated[["rank", "step"]].astype("int64")).isin(timed)
         return stated[missing].reset_index(drop=True)
 
+    def released(self) -> np.ndarray:
+        """Per op: when its binding cross-rank dependency (the P2P half posted last, the
+        collective member that arrived last) let it go, as the binding walk times it, else its
+        start: what a comm op runs after it is its transfer (walk.RAN)."""
+        return release_times(self.graph)
+
     def blame(self, step: int | None = None) -> dict[str, float]:
         """ms of bubble charged to each category (all steps, or one)."""
         totals: dict[str, float] = {}
@@ -119,6 +131,19 @@ class Analysis:
                 for category, ns in bubble.by_category().items():
                     totals[category] = totals.get(category, 0.0) + ns / 1e6
         return dict(sorted(totals.items(), key=lambda item: -item[1]))
+
+
+def release_times(graph: DepGraph, remote_start: np.ndarray | None = None) -> np.ndarray:
+    """`Analysis.released` of the ops of `graph` (a dependency on an op outside it, on a
+    cluster's part, starts at `remote_start`; unknown without: the op's start)."""
+    start, dep, n = graph.start, graph.dep, len(graph)
+    out = start.copy()
+    local = np.flatnonzero((dep >= 0) & (dep < n) & (graph.how != "event_id"))
+    out[local] = start[dep[local]]
+    if remote_start is not None and len(remote_start):
+        remote = np.flatnonzero(dep >= n)
+        out[remote] = remote_start[dep[remote] - n]
+    return np.clip(out, start, graph.end)
 
 
 def spans_by_rank(ranks: pd.Series, start: np.ndarray, end: np.ndarray) -> pd.DataFrame:
@@ -151,7 +176,8 @@ def analyze(trace: Trace, *, threshold_ms: float = 1.0, executor: Executor | Non
         profiled = profiled_ns(steps, graph.start, graph.end)
         peers = find_peers(ops, trace.groups, graph.incomplete, trace.stated_steps())
         slow = slow_ranks(walk, profiled, peers)
-        slow_op = slow_ops(ops, slow, profiled, peers)
+        per_step, slow_in_step = by_step(walk, steps, peers)
+        slow_op = slow_ops(ops, slow, profiled, peers) | slow_in_step
         blamer = Blamer(walk, trace.groups, slow_op)
         bar.advance()
         bubbles = find_bubbles(blamer, steps, int(threshold_ms * 1e6))
@@ -162,7 +188,9 @@ def analyze(trace: Trace, *, threshold_ms: float = 1.0, executor: Executor | Non
     return Analysis(trace=trace, ops=ops, matches=matches, graph=graph, offsets=offsets,
                     start=graph.start, end=graph.end, steps=steps, bubbles=bubbles,
                     critical_paths=paths, slow_ranks=slow, peers=peers, slow_op=slow_op,
-                    warnings=graph.warnings + graph.cycle_warnings(), threshold_ms=threshold_ms)
+                    warnings=graph.warnings + graph.cycle_warnings() + unstepped(steps, len(graph)),
+                    threshold_ms=threshold_ms,
+                    step_stragglers=per_step)
 
 
 def step_windows(events: pd.DataFrame, offsets: dict[int, int]) -> pd.DataFrame:

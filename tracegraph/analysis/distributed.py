@@ -40,6 +40,7 @@ from pandas.api.types import union_categoricals
 
 from tracegraph.analysis.analyze import (
     Analysis,
+    release_times,
     spans_by_rank,
     step_windows_of_markers,
     with_launched_work,
@@ -64,6 +65,12 @@ from tracegraph.analysis.critical_path import (
     with_tail,
 )
 from tracegraph.analysis.peers import Peers, op_mix, peers_of
+from tracegraph.analysis.step_stragglers import (
+    step_slow_mask,
+    step_slow_names,
+    step_work,
+    stragglers,
+)
 from tracegraph.analysis.stragglers import (
     all_threads,
     name_medians,
@@ -89,7 +96,7 @@ from tracegraph.graph.match import Matches, match_across_ranks, match_within_ran
 from tracegraph.graph.ops import COMM_KINDS, STRING_COLUMNS, Ops, build_ops
 from tracegraph.loading.distributed import ClusterTrace
 from tracegraph.loading.loader import with_rank
-from tracegraph.loading.steps import step_markers
+from tracegraph.loading.steps import step_markers, unstepped
 from tracegraph.loading.trace import Trace, events_frame
 
 PARTS_PER_WORKER = 2  # parts (of contiguous ranks) per worker: walks of one part run in turn
@@ -112,16 +119,21 @@ def analyze_on_cluster(trace: ClusterTrace, *, threshold_ms: float = 1.0) -> Ana
     slow = slow_among(pd.concat(parts.each(_work)), profiled, host, peers)
     medians = pd.concat(parts.each(_medians), ignore_index=True)
     flagged, shared = slow_names(medians, slow, profiled, host, peers)
+    work = pd.concat(parts.each(_step_work, steps), ignore_index=True)
+    per_step = stragglers(work, steps, peers, host)
+    in_step = (step_slow_names(work, per_step, peers, host), steps)
     pipelined = pipelined_job(comm, trace.groups)
-    parts.run(_prepare, trace.groups, incomplete, (slow, flagged, shared, peers), pipelined)
+    parts.run(_prepare, trace.groups, incomplete, (slow, flagged, shared, peers, in_step),
+              pipelined)
     bubbles = parts.bubbles(steps, int(threshold_ms * 1e6), cross.sampled, incomplete)
     paths = parts.paths(steps)
-    warnings = cross.warnings + list(itertools.chain(*parts.each(_cycle_warnings)))
+    warnings = cross.warnings + list(itertools.chain(*parts.each(_cycle_warnings))) + unstepped(
+        steps, int(parts.first_op[-1]))
     analysis = ClusterAnalysis(trace=trace, ops=None, matches=None, graph=None,  # gathered
                                offsets=offsets, start=None, end=None, steps=steps,
                                bubbles=bubbles, critical_paths=paths, slow_ranks=slow,
                                peers=peers, slow_op=None, warnings=warnings,
-                               threshold_ms=threshold_ms)
+                               threshold_ms=threshold_ms, step_stragglers=per_step)
     for name in _GATHERED:
         delattr(analysis, name)
     analysis._parts, analysis._cross = parts, cross
@@ -331,6 +343,7 @@ class _Parts:
                 start=None, end=None, steps=steps[steps["rank"].isin(held)],
                 bubbles=[b for b in analysis.bubbles if b.rank in held],
                 critical_paths={}, slow_ranks=analysis.slow_ranks, peers=analysis.peers,
+                step_stragglers=analysis.step_stragglers,
                 slow_op=None, threshold_ms=analysis.threshold_ms, stepped=stepped)
             views.append(self.client.submit(_viewed, future, mine, pure=False))
         return views
@@ -524,6 +537,10 @@ class _PartAnalysis(Analysis):
     steps and bubbles of its ranks (what `Analysis.by_part` functions read)."""
 
     stepped: bool = True  # the whole analysis has step windows (else each rank's span is one)
+    remote_start: np.ndarray | None = None  # the starts of other parts' ops its deps name
+
+    def released(self) -> np.ndarray:
+        return release_times(self.graph, self.remote_start)
 
     def rank_spans(self) -> pd.DataFrame:
         if self.stepped:  # a rank without steps has none, as in the whole analysis
@@ -535,6 +552,7 @@ def _viewed(part: _Part, view: _PartAnalysis) -> _PartAnalysis:
     view.trace.events, view.ops, view.matches, view.graph = (part.events, part.ops,
                                                              part.within, part.graph)
     view.start, view.end, view.slow_op = part.graph.start, part.graph.end, part.slow_op
+    view.remote_start = part.remote_start
     return view
 
 
@@ -605,6 +623,10 @@ def _main_modes(part: _Part) -> list[str]:
     return lanes.loc[lanes["main"], "mode"].tolist()
 
 
+def _step_work(part: _Part, steps: pd.DataFrame) -> pd.DataFrame:
+    return step_work(_PartWalk(part), steps[steps["rank"].isin(part.ranks)])
+
+
 def _medians(part: _Part) -> pd.DataFrame:
     return name_medians(part.ops)
 
@@ -614,12 +636,15 @@ def _mix(part: _Part) -> pd.DataFrame:
 
 
 def _prepare(part: _Part, groups: pd.DataFrame, incomplete: dict[int, str],
-             stragglers: tuple[set[int], set, set, Peers], pipelined: bool) -> _Part:
-    """What the walks of a part need: groups, stragglers' ops, ranks missing events."""
-    slow, flagged, shared, peers = stragglers
+             stragglers: tuple[set[int], set, set, Peers, tuple[set, pd.DataFrame]],
+             pipelined: bool) -> _Part:
+    """What the walks of a part need: groups, stragglers' ops (over the profile and in
+    each step), ranks missing events."""
+    slow, flagged, shared, peers, (in_step, steps) = stragglers
     part.groups, part.pipelined = groups, pipelined
     part.graph.incomplete = incomplete
-    part.slow_op = slow_op_mask(part.ops, flagged, shared, slow, peers)
+    part.slow_op = slow_op_mask(part.ops, flagged, shared, slow, peers) | step_slow_mask(
+        part.ops, in_step, steps, part.graph.start)
     return part
 
 

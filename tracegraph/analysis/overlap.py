@@ -25,10 +25,6 @@ NS_PER_MS = 1e6
 DIMS = causes.DIMS  # dp, pp, ep, tp, cp
 REDUCTIONS = frozenset({"allreduce", "reducescatter", "reduce"})
 SETTLE_NS = 50_000  # reductions closer than this on one lane are one stage reduction
-ELSEWHERE = frozenset({causes.COMPUTE_STRAGGLER, causes.PIPELINE_FILL, causes.PEER_COMPUTE,
-                       causes.OWN_COMPUTE, causes.HOST_LAUNCH})
-"""What blame may charge a wait in a collective or P2P to that is not the communication: a late
-peer's or the rank's own compute, the pipeline's fill, the host. Overlap cannot hide that."""
 
 
 def comm_categories(analysis: Analysis) -> np.ndarray:
@@ -65,42 +61,52 @@ def timed_ranks(analysis: Analysis) -> set[int]:
 
 
 def overlap_table(analysis: Analysis) -> pd.DataFrame:
-    """rank, step, dim, comm_ms, overlap_ms, waiting_ms, unexplained_ms: per step, the time the
+    """rank, step, dim, comm_ms, overlap_ms, transfer_ms, unexplained_ms: per step, the time the
     communication of each group kind of every timed rank was in flight, how much of it its main
-    lane spent computing, and how much of the rest it waited for something else (ELSEWHERE) or
-    for what blame could not tell (UNKNOWN: the profile holds no wait to follow). Computed
-    rank by rank, where the ranks lie (`Analysis.by_part`)."""
+    lane spent computing, how much of the rest was transfer (its ops after their binding
+    dependency let them go: the peer's half posted, the last member arrived, as the critical
+    path and the replay credit them) and how much the profile cannot explain (blame's UNKNOWN:
+    no wait to follow). What is left of the exposed time, the ops waited for their peers.
+    Computed rank by rank, where the ranks lie (`Analysis.by_part`)."""
     return analysis.table_by_part(_overlap_rows)
 
 
 def _overlap_rows(analysis: Analysis) -> pd.DataFrame:
     start, end = analysis.start, analysis.end
     dims, computing = comm_dims(analysis), main_compute(analysis)
+    released = analysis.released()
     ranks = analysis.ops.frame["rank"].to_numpy()
     order = np.argsort(ranks, kind="stable")
     by_rank = ranks[order]
-    waiting = blamed_spans(analysis, ELSEWHERE)
     unexplained = blamed_spans(analysis, {causes.UNKNOWN})
     none = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
     rows = []
     steps = analysis.step_table()
     for rank, windows in steps[steps["rank"].isin(timed_ranks(analysis))].groupby("rank"):
         mine = order[np.searchsorted(by_rank, rank, "left"):np.searchsorted(by_rank, rank, "right")]
-        s, e, d, c = start[mine], end[mine], dims[mine], computing[mine]
-        late_spans, unknown_spans = waiting.get(int(rank), none), unexplained.get(int(rank), none)
+        s, e, d, c, r = start[mine], end[mine], dims[mine], computing[mine], released[mine]
+        unknown_spans = unexplained.get(int(rank), none)
         for step, lo, hi in windows[["step", "start", "end"]].itertuples(index=False):
             work = intervals.union(s[c], e[c], lo, hi)
-            late = intervals.union(*late_spans, lo, hi)
             unknown = intervals.union(*unknown_spans, lo, hi)
             for dim in np.unique(d[d != ""]):
                 comm = intervals.union(s[d == dim], e[d == dim], lo, hi)
                 if len(comm[0]):
+                    moving = intervals.union(r[d == dim], e[d == dim], lo, hi)
                     rows.append((int(rank), int(step), str(dim), intervals.length(comm) / NS_PER_MS,
                                  intervals.overlap(comm, work) / NS_PER_MS,
-                                 intervals.overlap(comm, late) / NS_PER_MS,
+                                 _exposed(moving, work, unknown) / NS_PER_MS,
                                  intervals.overlap(comm, unknown) / NS_PER_MS))
     return pd.DataFrame(rows, columns=["rank", "step", "dim", "comm_ms", "overlap_ms",
-                                       "waiting_ms", "unexplained_ms"])
+                                       "transfer_ms", "unexplained_ms"])
+
+
+def _exposed(spans: tuple[np.ndarray, np.ndarray], work: tuple[np.ndarray, np.ndarray],
+             unknown: tuple[np.ndarray, np.ndarray]) -> int:
+    """The time of `spans` during which the main lane neither computed (`work`) nor stalled for
+    a reason the profile does not hold (`unknown`: bubbles, when it computes no work)."""
+    return max(intervals.length(spans) - intervals.overlap(spans, work)
+               - intervals.overlap(spans, unknown), 0)
 
 
 def blamed_spans(analysis: Analysis, categories: Collection[str]

@@ -1,4 +1,5 @@
-"""Stragglers: ranks, and ops, whose compute is slower than their peers' (peers.py)."""
+"""Stragglers: ranks, and ops, whose compute over the whole profile is slower than their peers'
+(peers.py); step by step, step_stragglers.py."""
 
 from __future__ import annotations
 
@@ -26,17 +27,23 @@ def slow_ranks(walk: BindingWalk, profiled_ns: int, peers: Peers) -> set[int]:
 
 
 def rank_work(walk: BindingWalk) -> pd.Series:
-    """rank -> ns of main-lane work, for every rank with a main lane. Work is compute on a
-    device stream; on a host thread, ops plus annotation-only stretches that no other thread's
-    op released (sleeping or Python work, not waiting)."""
+    """rank -> ns of main-lane work, for every rank with a main lane (`main_work`)."""
     graph = walk.graph
-    main = graph.ops.main_lanes()
-    kind = graph.kind
-    working = np.isin(graph.lane_id, list(main.values())) & own_work(graph.ops.frame)
-    for i in np.flatnonzero(working & (kind == schema.MARKER)):
-        working[i] = walk.released_by(i) < 0  # a released annotation stretch was a wait
+    working = main_work(walk)
     return pd.Series(graph.end - graph.start)[working].groupby(
-        graph.rank[working]).sum().reindex(list(main), fill_value=0)
+        graph.rank[working]).sum().reindex(list(graph.ops.main_lanes()), fill_value=0)
+
+
+def main_work(walk: BindingWalk) -> np.ndarray:
+    """Mask of the ops that are their rank's main-lane work: compute on a device stream; on a
+    host thread, ops plus annotation-only stretches that no other thread's op released
+    (sleeping or Python work, not waiting)."""
+    graph = walk.graph
+    working = np.isin(graph.lane_id, list(graph.ops.main_lanes().values())) & own_work(
+        graph.ops.frame)
+    for i in np.flatnonzero(working & (graph.kind == schema.MARKER)):
+        working[i] = walk.released_by(i) < 0  # a released annotation stretch was a wait
+    return working
 
 
 def slow_among(work: pd.Series, profiled_ns: int, host: bool, peers: Peers) -> set[int]:

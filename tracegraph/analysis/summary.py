@@ -28,12 +28,14 @@ def summarize(analysis: Analysis, *, step: int | None = None, top: int = 10,
         "steps": _steps(analysis, step),
         "bubbles": [_bubble(b, origin, groups) for b in shown],
         "bubble_count": len(bubbles),
+        "threshold_ms": analysis.threshold_ms,
         "blame": {k: round(v, 3) for k, v in analysis.blame(step).items()},
         "critical_path": {str(s): _path(p, origin, analysis.caveat)
                           for s, p in analysis.critical_paths.items() if step is None or s == step},
         "slow_ranks": sorted(analysis.slow_ranks),
         "stragglers": {"peers": analysis.peers.groups(),
-                       "not_judged": {str(r): why for r, why in analysis.peers.unjudged.items()}},
+                       "not_judged": {str(r): why for r, why in analysis.peers.unjudged.items()},
+                       "by_step": _step_stragglers(analysis, step)},
         "gain_ceilings": gain_ceilings(analysis),
         "warnings": analysis.warnings,
         **({"findings": [f.as_dict() for f in findings]} if findings is not None else {}),
@@ -45,14 +47,24 @@ def _ms(ns: int, origin: int = 0) -> float:
     return round((ns - origin) / NS_PER_MS, 3)
 
 
+def _step_stragglers(analysis: Analysis, only: int | None) -> list[dict[str, object]]:
+    """Each step's stragglers: the rank, its work and its peers' median (ms), their ratio."""
+    table = analysis.step_stragglers
+    return [{"step": int(s), "rank": int(r), "work_ms": round(float(w), 3),
+             "peers_ms": round(float(p), 3), "ratio": round(float(x), 2)}
+            for s, r, w, p, x in table[["step", "rank", "work_ms", "peers_ms", "ratio"]
+                                       ].itertuples(index=False) if only is None or s == only]
+
+
 def _steps(analysis: Analysis, only: int | None) -> list[dict[str, object]]:
     """Each step's time per rank: from its window, else from the rank's step table (those ranks
-    listed as `from_step_table`)."""
+    listed as `from_step_table`); without step markers, each rank's whole span as step -1."""
     rows = []
     stated_ms: dict[int, dict[str, float]] = {}
     for rank, step, ms in analysis.stated_steps()[["rank", "step", "ms"]].itertuples(index=False):
         stated_ms.setdefault(int(step), {})[str(rank)] = round(float(ms), 3)
-    for step, spans in analysis.steps.groupby("step"):
+    windows = analysis.steps if len(analysis.steps) else analysis.step_table()  # whole spans
+    for step, spans in windows.groupby("step"):
         if only is not None and step != only:
             continue
         times = {str(r): _ms(e - s) for r, s, e in spans[["rank", "start", "end"]].itertuples(

@@ -166,6 +166,17 @@ def _check_step(bundle: Path, analysis: Analysis, step: int | None) -> None:
         raise TraceError(f"{bundle}: no step {step}; its steps: {held}")
 
 
+def _comm_text(comm: dict[str, object], labels: dict[str, str]) -> str:
+    """One entry of a rank's comm ops: its host calls (and how many launched no kernel the
+    trace kept), or device ops, by comm and group; kernels no call in the trace launched."""
+    if comm.get("host_call") is False:
+        return f"{comm['kernel']} kernel×{comm['count']} ({comm['comm'] or 'type unknown'}, " \
+               "no launch in the trace)"
+    lost = f" ({comm['no_kernel']} no kernel kept)" if comm.get("no_kernel") else ""
+    return (f"{comm['comm'] or 'collective'}×{comm['count']} "
+            f"@{labels.get(comm['group'], comm['group']) or '?'}{lost}")
+
+
 def _print_inventory(summary: dict[str, object]) -> None:
     import pandas as pd
     from rich.table import Table
@@ -181,8 +192,7 @@ def _print_inventory(summary: dict[str, object]) -> None:
         ranks.add_column(column, overflow="fold")
     for r in summary["ranks"]:
         lanes = ", ".join(f"{n} {k}" for k, n in r["lanes"].items())
-        comm = "\n".join(f"{c['comm'] or 'collective'}×{c['count']} "
-                         f"@{labels.get(c['group'], c['group']) or '?'}" for c in r["comm_ops"])
+        comm = "\n".join(_comm_text(c, labels) for c in r["comm_ops"])
         told = r.get("steps_from_step_table", [])
         steps = ", ".join(f"#{k}: {v:.1f}" + (" (step table)" if k in told else "")
                           for k, v in r["steps"].items())

@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 from parsers.base import ParsedRank, RankFiles, TraceError
 from parsers.groups import span_text
 from tracegraph import schema
-from tracegraph.loading.groups import absent_ranks
+from tracegraph.loading.groups import absent_ranks, p2p_peers
 
 Parsed = list[tuple[RankFiles, ParsedRank]]
 
@@ -72,7 +72,7 @@ def check(source: Path, ranks: pd.DataFrame, groups: pd.DataFrame, events: pa.Ta
     warnings = [f"rank {rank}: {path} holds no event; the analysis covers the other ranks"
                 for rank, path in zip(empty["rank"], empty["path"], strict=True)]
     warnings += silent_members(groups, events, set(empty["rank"]))
-    warnings += absent_ranks(groups, set(ranks["rank"]), world)
+    warnings += absent_ranks(groups, set(ranks["rank"]), world, p2p_peers(events))
     return warnings
 
 

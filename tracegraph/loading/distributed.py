@@ -231,10 +231,10 @@ def _stated(parsed: ParsedRank) -> _Stated:
 
 
 def _observed(events: pa.Table, rank: int) -> pa.Table:
-    """The kinds and groups of a rank's events (kind, group, rank), one row each: what the
-    client checks the ranks' groups against (`consistency.check`)."""
-    pairs = schema.plain_strings(events.select(["kind", "group"])).group_by(
-        ["kind", "group"]).aggregate([])
+    """The kinds, groups and peers of a rank's events (kind, group, peer, rank), one row each:
+    what the client checks the ranks' groups against (`consistency.check`)."""
+    pairs = schema.plain_strings(events.select(["kind", "group", "peer"])).group_by(
+        ["kind", "group", "peer"]).aggregate([])
     return pairs.append_column("rank", pa.array([rank] * len(pairs), pa.int32()))
 
 

@@ -103,18 +103,24 @@ class _Merged:
                 "ranks": sorted(ranks), "size": size, "source": source}
 
 
-def absent_ranks(groups: pd.DataFrame, present: set[int], world_size: int = -1) -> list[str]:
-    """Warnings (at most two) on ranks the profiles say exist but the bundle lacks: those named
-    by world_size or a group's stated members, and members whose global rank is not stated."""
+def absent_ranks(groups: pd.DataFrame, present: set[int], world_size: int = -1,
+                 peers: set[int] | None = None) -> list[str]:
+    """Warnings on ranks the profiles say exist but the bundle lacks: those named by world_size,
+    a group's stated members or the bundle's P2P ops (`peers`), those of its pipeline first (P2P
+    peers and `pp` group members: the stages it lacks), and members whose global rank is not
+    stated."""
     stated = groups[groups["source"].str.split(";").str[0] != "observed"]
     named = set(range(world_size)) if world_size > 0 else set()
     named |= {int(r) for ranks in stated["ranks"] for r in ranks}
+    pipeline = set(peers or ()) | {int(r) for ranks in groups.loc[groups["dim"] == "pp", "ranks"]
+                                   for r in ranks}
     warnings = []
-    if absent := named - present:
+    if absent := (named | pipeline) - present:
         why = [f"world_size {world_size}"] if world_size > 0 else []
         why += ["the groups' stated members"] if len(stated) else []
+        why += ["its P2P ops"] if pipeline - named else []
         warnings.append(f"{len(absent)} rank(s) that {' and '.join(why)} name are absent from "
-                        f"the bundle: {span_text(absent)}")
+                        f"the bundle: {_pipeline_first(absent, pipeline)}")
     unnamed = groups[groups["size"] > groups["ranks"].map(len)]
     labels = group_labels(unnamed)
     for group, size, ranks in zip(unnamed["group"], unnamed["size"], unnamed["ranks"],
@@ -123,6 +129,25 @@ def absent_ranks(groups: pd.DataFrame, present: set[int], world_size: int = -1) 
                         f"bundle: {span_text(ranks)}); the other {size - len(ranks)} are not "
                         "in the bundle and their global ranks are not stated")
     return warnings
+
+
+def _pipeline_first(absent: set[int], pipeline: set[int]) -> str:
+    """The absent ranks as text, those of the pipeline (P2P peers, pp group members) first."""
+    stages = absent & pipeline
+    if not stages:
+        return span_text(absent)
+    rest = f"; and {span_text(absent - stages)}" if absent - stages else ""
+    return (f"{span_text(stages)} (of its pipeline: peers of its P2P ops or members of its "
+            f"pipeline groups){rest}")
+
+
+def p2p_peers(events: pa.Table) -> set[int]:
+    """The ranks the P2P ops of `events` (a table with kind and peer columns) name as peers."""
+    if "peer" not in events.column_names or not events.num_rows:
+        return set()
+    ops = events.select(["kind", "peer"]).unify_dictionaries()
+    ops = ops.filter(pc.and_(pc.equal(ops["kind"], schema.P2P), pc.greater_equal(ops["peer"], 0)))
+    return set(pc.unique(ops["peer"]).to_pylist())
 
 
 def _observed_members(events: pa.Table) -> dict[str, set[int]]:

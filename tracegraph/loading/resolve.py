@@ -22,6 +22,10 @@ belongs to) are narrowed by facts that hold in every run, never by preference fo
   rank's other steps, is on that group. This is the one premise beyond physics; it settles the
   last step's DP all-reduce of a pipeline's first stage, which runs after the other stage's
   profile window has closed (corpus pp2dp2_*), so no overlap can rule its other groups out.
+* Members agree: the threads still open are assigned by a search over every assignment of them
+  to their candidate groups under which each group's members show the same sequence of
+  collectives on it, the k-th of each at one moment (`assignments`): a group one assignment
+  alone fits is settled; where several fit, the warning says how many.
 * Instances: gloo runs a group's collectives in the order they were issued, so where every
   profiled member shows the same issued sequence on a group and each k-th op overlaps on all of
   them, k is the instance number (`seq`).
@@ -31,8 +35,9 @@ NCCL profiles read from Nsight Systems exports name a P2P peer by its place in t
 the peer is the profiled rank that states that place in that communicator.
 
 What none of these settles (two groups with the same members, say) stays open, with a warning.
-Overlaps allow SAME_HOST_SLACK_NS when every rank ran on one host (one clock), else
-OTHER_HOST_SLACK_NS; if the timings contradict every candidate of some op, they are not used.
+Overlaps allow SAME_HOST_SLACK_NS when every rank ran on one host (one clock: a member never
+finishes a collective before another starts it), else OTHER_HOST_SLACK_NS; if the timings
+contradict every candidate of some op, they are not used.
 """
 
 from __future__ import annotations
@@ -48,10 +53,12 @@ import pyarrow.compute as pc
 from parsers.base import ParsedRank
 from parsers.groups import Members, global_peers, own_groups, span_text
 from tracegraph import schema
+from tracegraph.loading.assignments import Collectives, Fit, fitting
 from tracegraph.schema import NO_INT
 
-SAME_HOST_SLACK_NS = 1_000_000
-"""Overlap tolerance between ranks of one host (one clock: only rounding)."""
+SAME_HOST_SLACK_NS = 50_000
+"""Overlap tolerance between ranks of one host (one clock: only rounding; the corpus' numbered
+instances overlap on all their members by 0.37 ms at least)."""
 OTHER_HOST_SLACK_NS = 10_000_000
 """Overlap tolerance between hosts, whose clocks are only roughly in step."""
 _SAME_SHAPE = frozenset({"allreduce", "broadcast", "reduce"})  # every member passes one shape
@@ -310,6 +317,8 @@ class _Work:
     by_rank: dict[int, np.ndarray]  # rank -> its ops
     by_unit: list[np.ndarray]  # thread -> its ops
     shaped: frozenset[int]  # codes of the all-reduce-like comms
+    issued: np.ndarray  # when each op's issuing call began (its own start if not seen)
+    fits: Fit | None = None  # the last search for consistent assignments
 
     def of(self, u: int) -> set[str]:
         return {self.groups[g] for g in np.flatnonzero(self.candidates[u])}
@@ -322,12 +331,12 @@ def _settle_collectives(b: _Bundle) -> None:
         return
     start = work.candidates.copy()
     consistent = _narrow_collectives(work, b)
-    while consistent and _by_repetition(work):
+    while consistent and (_by_repetition(work) or _by_consistency(work, b)):
         consistent = _narrow_collectives(work, b)
     if not consistent:
         b.warnings.append("gloo collectives: the ranks' timings rule out every group of some "
                           "op (clocks apart?); their groups are left as each profile states")
-        work.candidates = start
+        work.candidates, work.fits = start, None
     left: dict[tuple[int, frozenset[str]], list[int]] = defaultdict(list)
     for u in range(len(work.units)):
         if not _apply_unit(b, work, u):
@@ -337,8 +346,7 @@ def _settle_collectives(b: _Bundle) -> None:
         b.warnings.append(
             f"rank {rank}: the group of {ops} gloo collectives on {len(units)} worker thread(s) "
             f"is one of {', '.join(sorted(groups, key=_pg_order))}"
-            f"{_same_members(b, rank, set(groups))}; the profiles do not say which: group left "
-            "empty")
+            f"{_same_members(b, rank, set(groups))}; {_fits_text(work)}: group left empty")
 
 
 def _work(b: _Bundle) -> _Work | None:
@@ -360,13 +368,17 @@ def _work(b: _Bundle) -> _Work | None:
             candidates[u, groups.index(g)] = True
     comm_codes, comm_names = pd.factorize(ops["comm"])
     rank = ops["rank"].to_numpy()
+    issuers = [_issuing(b, int(r), int(w)) for r, w in zip(ops["rank"], ops["row"], strict=True)]
+    issued = np.array([b.comm.at[i, "start_ns"] if i is not None else s
+                       for i, s in zip(issuers, ops["start_ns"], strict=True)], dtype=np.int64)
     return _Work(
         at=ops.index.to_numpy(), rank=rank, comm=comm_codes, size=ops["bytes"].to_numpy(),
         start=ops["start_ns"].to_numpy(), end=ops["end_ns"].to_numpy(), unit=unit,
         calls=_calls(b, ops), units=units, groups=groups, candidates=candidates,
         by_rank={int(r): np.flatnonzero(rank == r) for r in np.unique(rank)},
         by_unit=[np.flatnonzero(unit == u) for u in range(len(units))],
-        shaped=frozenset(i for i, n in enumerate(comm_names) if n in _SAME_SHAPE))
+        shaped=frozenset(i for i, n in enumerate(comm_names) if n in _SAME_SHAPE),
+        issued=issued)
 
 
 def _calls(b: _Bundle, ops: pd.DataFrame) -> list[tuple[str, str, int, int] | None]:
@@ -402,6 +414,36 @@ def _by_repetition(work: _Work) -> bool:
             work.candidates[u] = False
             work.candidates[u, g], changed = True, True
     return changed
+
+
+def _by_consistency(work: _Work, b: _Bundle) -> bool:
+    """Keep of each open thread's groups those that some assignment of every open thread
+    consistent across the groups' members gives it (assignments.py); whether any went."""
+    if (work.candidates.sum(axis=1) < 2).all():
+        return False
+    members = [next((own[g] for own in b.own.values() if g in own), ()) for g in work.groups]
+    ops = Collectives(rank=work.rank, comm=work.comm, size=work.size,
+                      shaped=np.isin(work.comm, list(work.shaped)), start=work.start,
+                      end=work.end, issued=work.issued, unit=work.unit, members=members,
+                      spans=b.spans, slack=b.slack)
+    work.fits = fitting(ops, work.candidates)
+    if not work.fits.complete or not work.fits.count:
+        return False
+    narrowed = work.candidates & work.fits.allowed
+    changed = bool((narrowed != work.candidates).any())
+    work.candidates = narrowed
+    return changed
+
+
+def _fits_text(work: _Work) -> str:
+    """How many assignments of the open threads every group's members agree with, as a clause."""
+    fits = work.fits
+    if fits is None or not fits.complete:
+        return "the profiles do not say which"
+    if not fits.count:
+        return "no assignment agrees with every member's sequence of collectives"
+    return (f"{fits.count} assignments of the open worker threads to groups agree with every "
+            "member's sequence of collectives")
 
 
 def _narrow_collectives(work: _Work, b: _Bundle) -> bool:

@@ -7,6 +7,8 @@ import pandas as pd
 
 from tracegraph import schema
 
+NO_STEPS = ("no step markers (ProfilerStep#N) in the bundle: each rank's whole span is analysed "
+            "as one stretch (step -1); per-step times, stragglers and pipeline steps need them")
 STEP_NAME = r"^ProfilerStep#(\d{1,9})$"  # a longer number is no step (its events' step column
 # says NO_INT, and the parser's warning says why)
 
@@ -36,3 +38,8 @@ def step_markers(events: pd.DataFrame) -> pd.DataFrame:
     })
     steps = steps.sort_values(["rank", "step", "host"], kind="stable")
     return steps.drop_duplicates(["rank", "step"], keep="last").drop(columns="host")
+
+
+def unstepped(steps: pd.DataFrame, ops: int) -> list[str]:
+    """NO_STEPS for a bundle with `ops` ops but no step window (`steps`), else nothing."""
+    return [NO_STEPS] if ops and not len(steps) else []

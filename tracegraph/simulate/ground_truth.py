@@ -318,6 +318,9 @@ def causes(job: Job) -> list[dict[str, object]]:
     if sc.slow_rank >= 0 and sc.slow_factor != 1.0:
         out.append({"category": COMPUTE_STRAGGLER, "ranks": [sc.slow_rank],
                     "description": f"rank {sc.slow_rank} computes {sc.slow_factor:g}x slower"})
+    out += [{"category": COMPUTE_STRAGGLER, "ranks": [rank], "steps": [step],
+             "description": f"rank {rank} computes {factor:g}x slower in step {step}"}
+            for rank, step, factor in sc.step_slowdowns]
     if sc.ep > 1 and sc.late_rank >= 0 and sc.late_factor != 1.0:
         out.append({"category": COMPUTE_STRAGGLER, "ranks": [sc.late_rank],
                     "description": f"rank {sc.late_rank}'s expert compute takes "

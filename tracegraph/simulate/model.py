@@ -382,14 +382,15 @@ class Job:
         factor = sc.stage_scale[ctx.place.stage] if sc.stage_scale else 1.0
         slow = rank == sc.slow_rank and sc.slow_factor != 1.0
         late = rank == sc.late_rank and pattern.endswith("mlp") and sc.late_factor != 1.0
-        factor *= (sc.slow_factor if slow else 1.0) * (sc.late_factor if late else 1.0)
+        in_step = next((f for r, s, f in sc.step_slowdowns if r == rank and s == ctx.step), 1.0)
+        factor *= (sc.slow_factor if slow else 1.0) * (sc.late_factor if late else 1.0) * in_step
         factor *= self._pace(rank, ctx.step)
         dur = int(ms * MS * factor * np.exp(self.rng.normal(0.0, sc.noise)))
         facts = dict(phase=act.phase, microbatch=act.microbatch, chunk=act.chunk) if act else {}
         layers = self.layers[act.chunk] if act else 1
         return self._op(ctx, sc.compute_stream, COMPUTE, dur=dur, pattern=pattern,
                         launches=kernel_count(pattern, layers, sc.kernels_per_chunk),
-                        meta_step=meta, slow=slow or late, **facts)
+                        meta_step=meta, slow=slow or late or in_step != 1.0, **facts)
 
     def _pace(self, rank: int, step: int) -> float:
         """The compute speed factor of `rank` in `step`: the run's (placement, clocks, the
@@ -648,6 +649,8 @@ def framework_ranges(ops: pd.DataFrame) -> pd.DataFrame:
     spans = work.groupby(["rank", "step", "phase", "chunk", "microbatch"], as_index=False).agg(
         host_start_ns=("after", "min"), host_end_ns=("launch_ns", "max"),
         start_ns=("start_ns", "min"), end_ns=("end_ns", "max"))
+    spans["chunk"] = spans.groupby("rank")["chunk"].rank(method="dense") - 1  # the stage's
+    # model chunk (0..v-1), as frameworks number it, not the global virtual stage
     return spans.sort_values(["rank", "start_ns"])[list(RANGE_COLUMNS)].astype(
         RANGE_COLUMNS).reset_index(drop=True)
 

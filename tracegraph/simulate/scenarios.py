@@ -46,6 +46,8 @@ class Scenario:
     stage_scale: tuple[float, ...] = ()  # per-stage compute speed (calibration), () = all 1
     slow_rank: int = -1
     slow_factor: float = 1.0
+    step_slowdowns: tuple[tuple[int, int, float], ...] = ()  # (rank, step, factor): slower in
+    # that step only
     # --- pipeline P2P (one 2-rank group and stream per edge, p2p_transport multi_stream)
     p2p_bytes: int = 8 * MIB
     p2p_gbps: float = 16.5
@@ -77,7 +79,9 @@ class Scenario:
     kernels_per_chunk: int = 24
     kernel_gap_ns: int = 1500
     flavor: str = "ascend"  # kernel and comm names: ascend | cuda
-    annotate: bool = False  # the framework's FWD/BWD ranges (`FWD mb=3 chunk=1`) in the trace
+    annotate: bool = False  # the framework's ranges around each forward / backward in the trace
+    range_label: str = ""  # their name: "" the phase alone (`forward_step`), else a template of
+    # {phase}, {PHASE} (FWD / BWD), {chunk}, {mb}: "{PHASE} chunk={chunk} mb={mb}"
     compute_stream: int = 47
     pp_streams: tuple[int, int] = (49, 50)  # edge to the next stage, edge to the previous one
     hsdp_stream: int = 51
@@ -148,6 +152,11 @@ PP_COMPUTE_HEALTHY = dataclasses.replace(
     PP_COMPUTE_STRAGGLER, name="pp-compute-healthy", slow_rank=-1, slow_factor=1.0,
     description="the same PP4 job without the straggler: what fixing rank 2 would give")
 
+PP_ROTATING_STRAGGLER = dataclasses.replace(
+    PP_COMPUTE_HEALTHY, name="pp-rotating-straggler", step_slowdowns=((1, 1, 2.5), (2, 2, 2.5)),
+    description="PP4 1F1B, 8 microbatches; rank 1 computes 2.5x slower in step 1, rank 2 in step "
+                "2: over the profile neither is slower than the other")
+
 PP_MEMORY = Scenario(
     name="pp-memory",
     description="PP4 1F1B, 8 microbatches, profile_memory: stage r keeps p - r microbatches of "
@@ -164,8 +173,13 @@ VPP = Scenario(
 
 VPP_ANNOTATED = dataclasses.replace(
     VPP, name="vpp-annotated", annotate=True,
-    description="the same interleaved job with the framework's FWD/BWD ranges (`FWD mb=3 "
-                "chunk=1`) around every microbatch")
+    description="the same interleaved job with the framework's ranges around every forward and "
+                "backward (Kineto `forward_step` / `backward_step`, mstx `forward` / `backward`)")
+
+VPP_LABELLED = dataclasses.replace(
+    VPP, name="vpp-labelled", annotate=True, range_label="{PHASE} chunk={chunk} mb={mb}",
+    description="the same interleaved job, each forward and backward range labelled with its "
+                "model chunk and microbatch (`FWD chunk=1 mb=3`)")
 
 LARGE = Scenario(
     name="large",
@@ -177,8 +191,8 @@ LARGE = Scenario(
 
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     HSDP_STRAGGLER_SYNC, HSDP_STRAGGLER_ASYNC, EP_A2A_OVERLAP, EP_A2A_SERIALIZED,
-    SERIALIZED_STREAMS, PP_COMPUTE_STRAGGLER, PP_COMPUTE_HEALTHY, PP_MEMORY, VPP, VPP_ANNOTATED,
-    LARGE)}
+    SERIALIZED_STREAMS, PP_COMPUTE_STRAGGLER, PP_COMPUTE_HEALTHY, PP_ROTATING_STRAGGLER,
+    PP_MEMORY, VPP, VPP_ANNOTATED, VPP_LABELLED, LARGE)}
 
 
 def scenario(name: str, **overrides: object) -> Scenario:

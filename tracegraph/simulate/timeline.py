@@ -47,9 +47,23 @@ RANGE_COLUMNS = {
     "host_end_ns": "int64",
     "start_ns": "int64",  # the work it launched on the device (true clock)
     "end_ns": "int64",
+    "chunk": "int32",  # the stage's model chunk (0..v-1) and the microbatch it runs (in its
+    "microbatch": "int32",  # name only where the scenario's `range_label` puts them)
 }
 """The ranges a framework opens around each forward and backward (scenario `annotate`): what
-its profiler shows, without microbatch or chunk, as real frameworks write them."""
+its profiler shows, named as real frameworks name them (`range_names`)."""
+
+
+def range_names(ranges: pd.DataFrame, phase_names: dict[str, str], label: str) -> pd.Series:
+    """The name of each range: the writer's name of its phase (`phase_names`: F / B -> e.g.
+    `forward_step`), or the scenario's `range_label` template filled in with it (`phase`), the
+    short phase (`PHASE`: FWD / BWD), the model chunk (`chunk`) and microbatch (`mb`)."""
+    phase = ranges["phase"].map(phase_names)
+    if not label:
+        return phase
+    short = ranges["phase"].map({"F": "FWD", "B": "BWD"})
+    return pd.Series([label.format(phase=p, PHASE=s, chunk=c, mb=m) for p, s, c, m in zip(
+        phase, short, ranges["chunk"], ranges["microbatch"], strict=True)], index=ranges.index)
 
 MEMORY_COLUMNS = {
     "rank": "int32",

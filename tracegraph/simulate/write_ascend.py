@@ -35,7 +35,7 @@ from tracegraph.simulate.bundle_writer import (
     render,
     time_bounds,
 )
-from tracegraph.simulate.timeline import StepSpan, Timeline
+from tracegraph.simulate.timeline import StepSpan, Timeline, range_names
 
 INVALID = 4294967295  # msprof's "none" for Model Id / Subtask Id / dst rank
 NO_NOTIFY = "18446744073709551615"
@@ -370,7 +370,9 @@ class RankWriter:
         end = mine["host_end_ns"].to_numpy(np.int64) + self.shift
         return render('{"ph":"X","name":%s,"pid":%d,"tid":%d,"ts":"%d.%03d","dur":%d.%03d,'
                       '"cat":"mstx","args":{}}',
-                      [json_strings(mine["phase"].map(MSTX_NAMES)), self.mstx_pid, self.main_tid,
+                      [json_strings(range_names(mine, MSTX_NAMES, str(
+                          self.job.timeline.params.get("range_label", "")))),
+                       self.mstx_pid, self.main_tid,
                        *_times(start, end - start)], len(mine))
 
     @cached_property

@@ -36,7 +36,7 @@ from tracegraph.simulate.bundle_writer import (
     render,
     time_bounds,
 )
-from tracegraph.simulate.timeline import StepSpan, Timeline
+from tracegraph.simulate.timeline import StepSpan, Timeline, range_names
 
 BASE_PERIOD_NS = 7_889_238 * 10**9  # kineto floors baseTimeNanoseconds to this (~3 months)
 NCCL_VERSION = "2.27.5"
@@ -496,7 +496,8 @@ class RankTrace:
         if ranges is None:
             return []
         mine = ranges[ranges["rank"] == self.rank]
-        names = json_strings(mine["phase"].map({"F": "forward_step", "B": "backward_step"}))
+        names = json_strings(range_names(mine, {"F": "forward_step", "B": "backward_step"},
+                                         str(self.job.timeline.params.get("range_label", ""))))
         ext = int(self.ops["ext"].max()) + 10 + np.arange(len(mine))
         host = [mine[c].to_numpy(np.int64) + self.shift for c in ("host_start_ns", "host_end_ns")]
         device = [mine[c].to_numpy(np.int64) + self.shift for c in ("start_ns", "end_ns")]

@@ -5,9 +5,10 @@ would count many times): each cause is removed from the timing model and the ste
 Removing a communication category makes its transfers free (absent members' lateness included,
 which blame charges to it); a compute straggler runs at its peers' median; host launch delays go
 to zero. Pipeline fill (the schedule's own), a peer's normal variation and unexplained time have
-no fix to model. Causes overlap: one stall can need two causes removed before it goes, and a
-removed one can expose another, so ceilings do not add; the ceiling of removing them all together
-is given beside them.
+no fix to model. Causes overlap: one stall can need two causes removed before it goes (then
+removing them together saves more than the sum of their ceilings), and a removed one can expose
+another (then less), so ceilings do not add; the ceiling of removing them all together is given
+beside them, with words for which of the two it is.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ NO_FIX = {causes.PIPELINE_FILL: "the schedule's own fill and drain: no single fi
           causes.UNKNOWN: "time the walk could not explain"}
 RULE = ("ceilings of overlapping causes do not add: removing every cause together saves "
         "{together:.1f} ms, not the sum {total:.1f} ms")
+MORE = ("removing every cause together saves {together:.1f} ms, more than the sum {total:.1f} ms "
+        "of the single ceilings: the causes stand in for each other (one removed alone, another "
+        "still holds the step), so a fix of one gains little until the others are fixed too")
 _RECENT: list[Subject] = []  # the last analyses' subjects (a report summarizes one many times)
 
 
@@ -106,7 +110,7 @@ def _rule(rows: list[dict[str, object]], together: float) -> str:
     total = sum(ceilings)
     if len(ceilings) < 2 or f"{together:.1f}" == f"{total:.1f}":
         return ""
-    return RULE.format(together=together, total=total)
+    return (MORE if together > total else RULE).format(together=together, total=total)
 
 
 def _ceiling(prediction: Prediction) -> dict[str, float]:

@@ -1,9 +1,10 @@
 """Exposed communication: the part of each group kind's communication during which the rank's
-main lane was not computing, per rank and stage, and how much of that the rank was waiting for
-work elsewhere (blame's verdict on its bubbles: a late peer, the pipeline's fill, the host),
-which no overlap hides: only the rest is the communication's own; and each stage reduction's
-overlap with the later compute (the seed's acceptance: "the first long AllReduce overlaps later
-VPP chunk compute")."""
+main lane was not computing, per rank and stage; of that, the transfers' own (the ops' time
+after their binding dependency let them go: what the critical path and the replay credit to
+transfers), what the profile cannot explain, and the rest, the ops waiting for their peers (a
+peer's half not posted, a member not arrived: late work elsewhere, which no overlap hides); and
+each stage reduction's overlap with the later compute (the seed's acceptance: "the first long
+AllReduce overlaps later VPP chunk compute")."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ NAMES = {"ep": "EP all-to-all", "dp": "DP/HSDP reduction", "pp": "PP P2P", "tp":
          "cp": "CP"}
 EXPOSED_SHARE = 0.5  # a kind mostly exposed ...
 STEP_SHARE = 0.05  # ... for at least this share of the step is a warning
-ELSEWHERE = "a late peer, the pipeline's fill, the host: overlap cannot hide it"
+ELSEWHERE = ("for the peer's half or the group's last member (late work elsewhere, which "
+             "overlap cannot hide)")
 UNEXPLAINED = "while the device idled for a reason the profile does not hold (no stream wait)"
 RECORD_WAITS = ("profile with the device's stream waits (Ascend trace_view.json, Kineto with "
                 "CUDA / HIP events) to tell which")
@@ -33,9 +35,9 @@ SUGGESTIONS = {
 def exposed_table(analysis, stages: dict[int, int]) -> pd.DataFrame:
     """rank, stage, dim, comm_ms, exposed_ms, waiting_ms, unexplained_ms, own_ms: per step
     (mean over the rank's steps), the communication in flight, the part not hidden by compute,
-    the part of that the rank waited for something else (a late peer's compute, the pipeline's
-    fill, the host: overlap_table's waiting_ms), the part blame could not explain (no wait in
-    the profile to follow), and the rest: the communication's own exposure."""
+    of that the part blame could not explain (no wait in the profile to follow), the
+    transfers' own (overlap_table's transfer_ms), and the rest: the ops waiting for their
+    peers."""
     columns = ["rank", "stage", "dim", "comm_ms", "exposed_ms", "waiting_ms", "unexplained_ms",
                "own_ms"]
     table = overlap_table(analysis)
@@ -44,14 +46,15 @@ def exposed_table(analysis, stages: dict[int, int]) -> pd.DataFrame:
     table = table.assign(exposed_ms=table["comm_ms"] - table["overlap_ms"])
     steps = table.groupby("rank")["step"].nunique()
     sums = table.groupby(["rank", "dim"], as_index=False)[
-        ["comm_ms", "exposed_ms", "waiting_ms", "unexplained_ms"]].sum()
+        ["comm_ms", "exposed_ms", "transfer_ms", "unexplained_ms"]].sum()
     per = sums["rank"].map(steps)
     exposed = sums["exposed_ms"] / per
-    waiting = np.minimum(sums["waiting_ms"] / per, exposed)  # bubbles of two lanes may overlap
-    unexplained = np.minimum(sums["unexplained_ms"] / per, exposed - waiting)
+    unexplained = np.minimum(sums["unexplained_ms"] / per, exposed)  # lanes' bubbles overlap
+    own = np.minimum(sums["transfer_ms"] / per, exposed - unexplained)
     return sums.assign(stage=sums["rank"].map(stages).fillna(0).astype(int),
-                       comm_ms=sums["comm_ms"] / per, exposed_ms=exposed, waiting_ms=waiting,
-                       unexplained_ms=unexplained, own_ms=exposed - waiting - unexplained)[columns]
+                       comm_ms=sums["comm_ms"] / per, exposed_ms=exposed,
+                       unexplained_ms=unexplained, own_ms=own,
+                       waiting_ms=exposed - own - unexplained)[columns]
 
 
 def finding(analysis, stages: dict[int, int]) -> Finding | None:
@@ -78,10 +81,10 @@ def finding(analysis, stages: dict[int, int]) -> Finding | None:
             stage_text = ", ".join(f"stage {s} {r['exposed_ms']:.1f}/{r['comm_ms']:.1f}"
                                    for s, r in stage_rows.iterrows())
             lines.append(f"{NAMES.get(dim, dim)}: {exposed:.1f} of {comm:.1f} ms exposed per "
-                         f"step (summed over ranks, {1 - exposed / comm:.0%} hidden)"
-                         f"{_not_own(waiting, unexplained)} on rank {int(top['rank'])}: "
-                         f"{top['own_ms']:.1f} ms; per rank by stage (exposed/total ms): "
-                         f"{stage_text}")
+                         f"step (summed over ranks, {1 - exposed / comm:.0%} hidden), of that "
+                         f"the transfers' own {own:.1f} ms (most on rank {int(top['rank'])}: "
+                         f"{top['own_ms']:.1f} ms){_not_own(waiting, unexplained)}; per rank "
+                         f"by stage (exposed/total ms): {stage_text}")
         mostly = own / comm > EXPOSED_SHARE if comm else False
         if mostly and top["own_ms"] > STEP_SHARE * step_ms[top["rank"]] and (
                 worst is None or top["own_ms"] > worst[1]):
@@ -107,9 +110,8 @@ def finding(analysis, stages: dict[int, int]) -> Finding | None:
 def _not_own(waiting: float, unexplained: float) -> str:
     """What of a kind's exposed time is not the transfers' own, as a clause."""
     parts = [f"{ms:.1f} ms {text}" for ms, text in (
-        (waiting, f"waiting for work elsewhere ({ELSEWHERE})"), (unexplained, UNEXPLAINED))
-        if ms >= 0.05]
-    return f", of that {' and '.join(parts)}; of the rest, most" if parts else "; most"
+        (waiting, f"waiting {ELSEWHERE}"), (unexplained, UNEXPLAINED)) if ms >= 0.05]
+    return "".join(f", {part}" for part in parts)
 
 
 def _quiet(table: pd.DataFrame) -> tuple[str, str]:

@@ -1,10 +1,13 @@
 """The pipeline from the framework's own ranges around each forward and backward.
 
-Names read: `FWD mb=3`, `BWD mb=3 chunk=1` (phase, microbatch, model chunk), and ranges that only
-name the phase, as real frameworks write them: `forward_step` / `backward_step` (Megatron's
-schedule functions, as record_function ranges in Kineto) and `forward` / `backward` (MindSpeed's
-mstx ranges, which msprof-analyze's pp_chart reads). Ranges without numbers are numbered by
-their order, as op-order recovery numbers its blocks (`labels`).
+Names read: a phase (`FWD`, `BWD`, `WGT`, `forward`, `backward`, `weight`, with or without
+`_step`), then its microbatch and model chunk as keyed numbers in any order (`FWD mb=3`,
+`BWD mb=3 chunk=1`, `FWD chunk=1 mb=3`, `forward_step model_chunk_id=1 microbatch_id=3`,
+`backward vpp_rank=0 micro_batch=2`; a bare number right after the phase is the microbatch),
+and ranges that only name the phase, as real frameworks write them: `forward_step` /
+`backward_step` (Megatron's schedule functions, as record_function ranges in Kineto) and
+`forward` / `backward` (MindSpeed's mstx ranges, which msprof-analyze's pp_chart reads). Ranges
+without numbers are numbered by their order, as op-order recovery numbers its blocks (`labels`).
 
 A range on a device stream (`gpu_user_annotation`) is where the work ran; a host range covers
 the work it launched, which runs later on the device: its block spans the main-lane ops launched
@@ -25,10 +28,16 @@ from tracegraph.analysis.pipeline.labels import labelled
 from tracegraph.analysis.pipeline.replicas import layout
 
 _PHASES = {"fwd": F, "forward": F, "bwd": B, "backward": B, "wgt": W, "weight": W}
+_SEP = r"[\s,;_:#=-]*"
+_MB_KEY = r"(?:micro_?batch(?:_?id)?|mb_?id|mb)"
+_CHUNK_KEY = r"(?:model_?chunk(?:_?id)?|chunk(?:_?id)?|vpp(?:_?rank)?|vpp?_?stage|virtual_?chunk)"
 RANGE = re.compile(
-    r"^(?P<phase>fwd|bwd|wgt|forward|backward|weight)(?:_step)?"
-    r"(?:[\s_:=#-]*(?:mb|micro_?batch)?[\s=_:#-]*(?P<mb>\d+))?"
-    r"(?:[\s,;_:-]*(?:chunk|vpp|model_chunk)[\s=_:#-]*(?P<chunk>\d+))?\s*$", re.IGNORECASE)
+    rf"^(?P<phase>fwd|bwd|wgt|forward|backward|weight)(?:_step)?"
+    rf"(?P<fields>(?:{_SEP}\d+)?(?:{_SEP}(?:{_MB_KEY}|{_CHUNK_KEY}){_SEP}\d+)*)\s*$",
+    re.IGNORECASE)
+"""A phase range's name: its phase and its keyed numbers (`fields`, read by `numbers`)."""
+_MICROBATCH = rf"^{_SEP}(?P<bare>\d+)|{_MB_KEY}{_SEP}(?P<keyed>\d+)"
+_CHUNK = rf"{_CHUNK_KEY}{_SEP}(?P<chunk>\d+)"
 
 
 def from_annotations(analysis) -> Pipeline | None:
@@ -66,12 +75,19 @@ def _ranges(analysis) -> pd.DataFrame:
                          ["rank", "name", "lane_kind", "start_ns", "dur_ns", "step"]]
     parsed = markers["name"].str.extract(RANGE)
     found = parsed["phase"].notna().to_numpy()
+    mb, chunk = numbers(parsed.loc[found, "fields"])
     ranges = markers[found].assign(phase=parsed.loc[found, "phase"].str.lower().map(_PHASES),
-                                   mb=pd.to_numeric(parsed.loc[found, "mb"]),
-                                   chunk=pd.to_numeric(parsed.loc[found, "chunk"]))
+                                   mb=mb, chunk=chunk)
     device = ranges["lane_kind"] == schema.STREAM
     on_device = set(ranges.loc[device, "rank"])
     return ranges[device | ~ranges["rank"].isin(on_device)]
+
+
+def numbers(fields: pd.Series) -> tuple[pd.Series, pd.Series]:
+    """Microbatch and model chunk (NaN where not given) of phase ranges' `fields` (RANGE)."""
+    mb = fields.str.extract(_MICROBATCH, flags=re.IGNORECASE)
+    chunk = fields.str.extract(_CHUNK, flags=re.IGNORECASE)["chunk"]
+    return (pd.to_numeric(mb["bare"].fillna(mb["keyed"])), pd.to_numeric(chunk))
 
 
 def _extents(analysis, ranges: pd.DataFrame) -> pd.DataFrame:

@@ -9,14 +9,13 @@ microbatches.
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import asdict, dataclass
 
 import numpy as np
 import pandas as pd
 
 from tracegraph import schema
-from tracegraph.analysis.pipeline.replicas import replicas
+from tracegraph.analysis.pipeline.replicas import replicas, stages_of
 from tracegraph.graph.ops import comm_calls
 
 F, B, W, FB = "F", "B", "W", "F+B"
@@ -54,7 +53,7 @@ class Pipeline:
         blocks = self.blocks[self.blocks["step"] == step]
         if blocks.empty:
             return None
-        p = int(blocks.groupby("replica")["stage"].nunique().max())
+        p = int(blocks["stage"].max()) + 1  # a stage absent from the bundle counts too
         v = int(blocks.groupby("rank")["chunk"].nunique().max())
         forward = blocks[blocks["phase"].isin([F, FB])]
         m = int(forward.groupby(["rank", "chunk"])["microbatch"].nunique().max()) if len(
@@ -78,14 +77,11 @@ def unsure(source: str, reason: str) -> Pipeline:
 
 def staged(analysis, blocks: pd.DataFrame, source: str, order: dict[int, float],
            reason: str = "") -> Pipeline:
-    """Add replica and stage (the rank's position within its replica by `order`, then rank)
-    and each block's work."""
-    found = replicas(analysis.trace, sorted(int(r) for r in blocks["rank"].unique()))
-    stage: dict[int, int] = {}
-    seen: Counter[int] = Counter()
-    for r in sorted(found, key=lambda r: (found[r], order.get(r, 0), r)):
-        stage[r] = seen[found[r]]
-        seen[found[r]] += 1
+    """Add replica and stage (the rank's position within its replica by `order`, then rank; the
+    replica's ranks absent from the bundle keep their places) and each block's work."""
+    ranks = sorted(int(r) for r in blocks["rank"].unique())
+    found = replicas(analysis.trace, ranks)
+    stage = stages_of(analysis.trace, ranks, order)
     blocks = blocks.assign(replica=blocks["rank"].map(found), stage=blocks["rank"].map(stage))
     if "work" not in blocks:
         blocks = blocks.assign(work=work(analysis, blocks))

@@ -145,9 +145,11 @@ def _linked(blocks: pd.DataFrame, link: pd.Series) -> pd.DataFrame:
 
 
 def _causal(blocks: pd.DataFrame, stages: list[int]) -> bool:
-    """Whether every block starts after the block it needs has ended (within SLACK)."""
+    """Whether every block starts after the block it needs has ended (within SLACK); a block
+    whose need runs on a stage absent from the bundle is not judged."""
     p = len(stages)
     stage = blocks["rank"].map({r: s for s, r in enumerate(stages)})
+    present = np.isin(np.arange(p), stage.unique())
     v = int(blocks["chunk"].max()) + 1
     virtual = blocks["chunk"] * p + stage  # global virtual stage
     last = p * v - 1
@@ -161,7 +163,7 @@ def _causal(blocks: pd.DataFrame, stages: list[int]) -> bool:
         blocks["step"], np.where(forward | (virtual == last), F, B),
         np.where(forward, virtual - 1, np.where(virtual == last, last, virtual + 1)),
         blocks["microbatch"]])
-    has = ~(forward & (virtual == 0)).to_numpy()
+    has = ~(forward & (virtual == 0)).to_numpy() & present[needs.get_level_values(2) % p]
     ready = end.reindex(needs[has]).to_numpy()
     if np.isnan(ready).any():
         return False

@@ -1,25 +1,29 @@
 """Pipeline replicas: the sets of ranks that P2P ops (or `pp` groups) link, their stages in rank
-order, and whether one wraps around from its last stage to its first (interleaved stages)."""
+order, and whether one wraps around from its last stage to its first (interleaved stages).
+
+A replica is the job's layout, not who is present: the ranks its P2P ops and `pp` groups name
+but the bundle lacks keep their stages (a missing stage 2 leaves the next rank stage 3)."""
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
 class Replica:
-    """One pipeline replica: its ranks, stage 0 first, and whether its last stage sends to its
-    first (the ring of interleaved stages, where the last stage feeds the next chunk)."""
+    """One pipeline replica: its ranks, stage 0 first (those absent from the bundle included),
+    and whether its last stage sends to its first (the ring of interleaved stages, where the
+    last stage feeds the next chunk)."""
 
     stages: list[int]
     ring: bool
 
 
-def replicas(trace, ranks: list[int], pairs: set[tuple[int, int]] | None = None
-             ) -> dict[int, int]:
-    """rank -> replica number: components of P2P peers and `pp` groups, by smallest member."""
-    parent = {r: r for r in ranks}
+def components(trace, ranks: list[int], pairs: set[tuple[int, int]] | None = None
+               ) -> list[list[int]]:
+    """The replicas holding any of `ranks`: components of the ranks P2P peers and `pp` groups
+    link, each sorted, with the linked ranks absent from the bundle."""
+    parent: dict[int, int] = {r: r for r in ranks}
 
     def find(r: int) -> int:
         while parent.setdefault(r, r) != r:
@@ -30,35 +34,47 @@ def replicas(trace, ranks: list[int], pairs: set[tuple[int, int]] | None = None
     for members in trace.groups.loc[trace.groups["dim"] == "pp", "ranks"]:
         links += [(int(members[0]), int(m)) for m in members[1:]]
     for a, b in links:
-        if a in parent or b in parent:
-            ra, rb = find(a), find(b)
-            parent[max(ra, rb)] = min(ra, rb)
-    roots = {r: find(r) for r in ranks}
-    number = {root: i for i, root in enumerate(sorted(set(roots.values())))}
-    return {r: number[root] for r, root in roots.items()}
+        ra, rb = find(a), find(b)
+        parent[max(ra, rb)] = min(ra, rb)
+    grouped: dict[int, list[int]] = {}
+    for r in sorted(parent):
+        grouped.setdefault(find(r), []).append(r)
+    present = set(ranks)
+    return [members for members in grouped.values() if present & set(members)]
+
+
+def replicas(trace, ranks: list[int], pairs: set[tuple[int, int]] | None = None
+             ) -> dict[int, int]:
+    """rank -> replica number (by smallest member) of each of `ranks`."""
+    present = set(ranks)
+    return {r: k for k, members in enumerate(components(trace, ranks, pairs)) for r in members
+            if r in present}
 
 
 def layout(trace, ranks: list[int], order: dict[int, int] | None = None) -> list[Replica]:
-    """The replicas of 2+ ranks among `ranks`, stages by `order` then rank (the usual layout
-    numbers stages in rank order)."""
+    """The replicas of 2+ of `ranks`, stages by `order` then rank (the usual layout numbers
+    stages in rank order), their absent ranks included."""
     pairs = trace.p2p_links()  # on a cluster, found where the ranks lie
-    found = replicas(trace, ranks, pairs)
-    grouped: dict[int, list[int]] = {}
-    for r in sorted(found, key=lambda r: ((order or {}).get(r, 0), r)):
-        grouped.setdefault(found[r], []).append(r)
-    return [Replica(stages, len(stages) > 2 and bool(
-        {(stages[0], stages[-1]), (stages[-1], stages[0])} & pairs))
-        for stages in grouped.values() if len(stages) > 1]
+    present = set(ranks)
+    found = []
+    for members in components(trace, ranks, pairs):
+        stages = sorted(members, key=lambda r: ((order or {}).get(r, 0), r))
+        if len(present & set(stages)) > 1:
+            found.append(Replica(stages, len(stages) > 2 and bool(
+                {(stages[0], stages[-1]), (stages[-1], stages[0])} & pairs)))
+    return found
 
 
 def rank_stages(trace) -> dict[int, int]:
-    """Rank -> stage: its position, in rank order, among the ranks P2P ops or `pp` groups link
-    into one replica (the usual layout numbers stages in rank order)."""
-    ranks = trace.rank_ids
-    found = replicas(trace, ranks)
-    stage: dict[int, int] = {}
-    seen: Counter[int] = Counter()
-    for r in sorted(ranks, key=lambda r: (found[r], r)):
-        stage[r] = seen[found[r]]
-        seen[found[r]] += 1
-    return stage
+    """Rank -> stage of every rank of the bundle: its position, in rank order, among the ranks
+    P2P ops or `pp` groups link into one replica (the usual layout numbers stages in rank
+    order), those absent from the bundle included."""
+    return stages_of(trace, trace.rank_ids, {})
+
+
+def stages_of(trace, ranks: list[int], order: dict[int, float]) -> dict[int, int]:
+    """Rank -> stage of each of `ranks`: its position in its replica (absent ranks included)
+    by `order`, then rank."""
+    present = set(ranks)
+    return {r: s for members in components(trace, ranks) for s, r in enumerate(
+        sorted(members, key=lambda r: (order.get(r, 0), r))) if r in present}
