@@ -56,7 +56,18 @@ def test_every_large_bubble_has_the_cause_the_schedule_made(case: str) -> None:
             # the replay's hops of no duration (a peer that only passed the wait on) may show
             # in the profile as more ranks after these
             chain = j.wait["chain"]
-            assert bubble.chain()[:len(chain)] == chain, j.text()
+            if open_group(analysis, bubble.rank):  # said: which group, hence which peer, is open
+                assert bubble.chain()[::len(bubble.chain()) - 1] == chain[::len(chain) - 1]
+            else:
+                assert bubble.chain()[:len(chain)] == chain, j.text()
+
+
+def open_group(analysis: Analysis, rank: int) -> bool:
+    """Whether the analysis warns that the group of some of `rank`'s gloo collectives is left
+    open (several groups fit every member's timings): the chain through them may take another
+    of the peers they could be waiting on; its ends (the waiter, the root) are the truth's."""
+    return any(w.startswith(f"rank {rank}: the group of ") and "group left empty" in w
+               for w in analysis.warnings)
 
 
 @pytest.mark.parametrize("case", INJECTED)

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from tracegraph import schema
-from tracegraph.analysis.blame import Blamer, Bubble
+from tracegraph.analysis.blame import Blamer, Bubble, pipelined_job
 from tracegraph.analysis.bubbles import SAMPLED, find_bubbles
 from tracegraph.analysis.critical_path import PathSegment, critical_path, step_windows_of_slowest
 from tracegraph.analysis.peers import Peers, find_peers
@@ -174,11 +174,12 @@ def analyze(trace: Trace, *, threshold_ms: float = 1.0, executor: Executor | Non
         bar.advance()
         walk = BindingWalk(graph)
         profiled = profiled_ns(steps, graph.start, graph.end)
-        peers = find_peers(ops, trace.groups, graph.incomplete, trace.stated_steps())
+        pipelined = pipelined_job(ops.frame, trace.groups)
+        peers = find_peers(ops, trace.groups, graph.incomplete, trace.stated_steps(), pipelined)
         slow = slow_ranks(walk, profiled, peers)
         per_step, slow_in_step = by_step(walk, steps, peers)
         slow_op = slow_ops(ops, slow, profiled, peers) | slow_in_step
-        blamer = Blamer(walk, trace.groups, slow_op)
+        blamer = Blamer(walk, trace.groups, slow_op, pipelined)
         bar.advance()
         bubbles = find_bubbles(blamer, steps, int(threshold_ms * 1e6))
         bar.advance()

@@ -114,15 +114,15 @@ def analyze_on_cluster(trace: ClusterTrace, *, threshold_ms: float = 1.0) -> Ana
     host = all_threads(list(itertools.chain(*parts.each(_main_modes))))
     incomplete = trace.incomplete_ranks()
     present = {r for facts in parts.facts for r in facts.ranks}
+    pipelined = pipelined_job(comm, trace.groups)
     peers = peers_of(pd.concat(parts.each(_mix)).fillna(0), present, trace.groups, incomplete,
-                     trace.stated_steps())
+                     trace.stated_steps(), pipelined)
     slow = slow_among(pd.concat(parts.each(_work)), profiled, host, peers)
     medians = pd.concat(parts.each(_medians), ignore_index=True)
     flagged, shared = slow_names(medians, slow, profiled, host, peers)
     work = pd.concat(parts.each(_step_work, steps), ignore_index=True)
     per_step = stragglers(work, steps, peers, host)
     in_step = (step_slow_names(work, per_step, peers, host), steps)
-    pipelined = pipelined_job(comm, trace.groups)
     parts.run(_prepare, trace.groups, incomplete, (slow, flagged, shared, peers, in_step),
               pipelined)
     bubbles = parts.bubbles(steps, int(threshold_ms * 1e6), cross.sampled, incomplete)

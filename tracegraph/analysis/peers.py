@@ -40,26 +40,29 @@ class Peers:
 
 
 def find_peers(ops: Ops, groups: pd.DataFrame, incomplete: dict[int, str],
-               stated: pd.DataFrame | None = None) -> Peers:
+               stated: pd.DataFrame | None = None, pipelined: bool = True) -> Peers:
     """The classes of measured ranks (their main lane holds compute and their profile is not
     known to miss events) that run the same program, and why each other rank is not judged
-    (`stated`: `Trace.stated_steps`, what the ranks' step tables say they computed)."""
+    (`stated`: `Trace.stated_steps`, what the ranks' step tables say they computed;
+    `pipelined`: whether the job has a pipeline, `blame.pipelined_job`)."""
     return peers_of(op_mix(ops), set(ops.frame["rank"].unique().tolist()), groups, incomplete,
-                    stated)
+                    stated, pipelined)
 
 
 def peers_of(mix: pd.DataFrame, present: set[int], groups: pd.DataFrame,
-             incomplete: dict[int, str], stated: pd.DataFrame | None = None) -> Peers:
+             incomplete: dict[int, str], stated: pd.DataFrame | None = None,
+             pipelined: bool = True) -> Peers:
     """`find_peers` from the ranks' `op_mix` (gathered from parts on a cluster) and the ranks
     that hold ops at all."""
     computing = _stated_computing(stated)
     complete = [r for r in mix.index if int(r) not in incomplete]
-    classes = _classes(mix.loc[complete], _replica_links(groups, set(complete)))
+    replicas = _dp_groups(groups, pipelined)
+    classes = _classes(mix.loc[complete], _replica_links(replicas, set(complete)))
     sizes = pd.Series(classes).value_counts()
     unjudged = {r: f"its profile misses events: {why}" for r, why in incomplete.items()}
     if len(present) > 1:
         for rank in (r for r in complete if sizes[classes[r]] == 1):
-            unjudged[rank] = _no_peer(rank, present, groups, classes, incomplete, computing)
+            unjudged[rank] = _no_peer(rank, present, replicas, classes, incomplete, computing)
     return Peers(classes={r: c for r, c in classes.items() if sizes[c] > 1},
                  unjudged=dict(sorted(unjudged.items())))
 
@@ -106,17 +109,26 @@ def _classes(mix: pd.DataFrame, links: list[tuple[int, int]]) -> dict[int, int]:
     return {r: root(r) for r in parent}
 
 
-def _replica_links(groups: pd.DataFrame, measured: set[int]) -> list[tuple[int, int]]:
-    """Pairs of measured ranks that one data-parallel group holds: replicas of one stage."""
+def _replica_links(replicas: list, measured: set[int]) -> list[tuple[int, int]]:
+    """Pairs of measured ranks that one data-parallel group (`replicas`) holds: replicas of
+    one stage."""
     links = []
-    for ranks in _dp_groups(groups):
+    for ranks in replicas:
         present = [int(r) for r in ranks if int(r) in measured]
         links += [(present[0], r) for r in present[1:]]
     return links
 
 
-def _dp_groups(groups: pd.DataFrame) -> list:
-    return list(groups.loc[groups["dim"] == "dp", "ranks"]) if len(groups) else []
+def _dp_groups(groups: pd.DataFrame, pipelined: bool) -> list:
+    """The data-parallel groups' members: replicas of one stage. A job without a pipeline whose
+    groups name no parallel dimension but the world's is data-parallel on the default group
+    (its declared work may vary in op counts from rank to rank)."""
+    if not len(groups):
+        return []
+    dims = set(groups["dim"])
+    if not pipelined and not dims & {"dp", "pp", "tp", "ep", "cp"}:
+        return list(groups.loc[groups["dim"] == "world", "ranks"])
+    return list(groups.loc[groups["dim"] == "dp", "ranks"])
 
 
 def _stated_computing(stated: pd.DataFrame | None) -> dict[int, str]:
@@ -138,11 +150,11 @@ def _no_compute(rank: int, computing: dict[int, str]) -> str:
             f"{computing[rank]}")
 
 
-def _no_peer(rank: int, present: set[int], groups: pd.DataFrame, classes: dict[int, int],
+def _no_peer(rank: int, present: set[int], groups: list, classes: dict[int, int],
              incomplete: dict[int, str], computing: dict[int, str]) -> str:
-    """Why `rank`, alone in its class, is not judged: its replicas' compute is not in the
-    profile, else no rank runs its program."""
-    replicas = sorted({int(r) for ranks in _dp_groups(groups) if rank in set(ranks)
+    """Why `rank`, alone in its class, is not judged: its replicas' (in `groups`) compute is
+    not in the profile, else no rank runs its program."""
+    replicas = sorted({int(r) for ranks in groups if rank in set(ranks)
                        for r in ranks} - {rank})
     unseen = [f"rank {r} misses events" if r in incomplete else _no_compute(r, computing)
               if r in present else f"rank {r} is not in the bundle"

@@ -224,6 +224,9 @@ HOST_WAIT_CONFIDENCE = 0.85  # a host stream-wait call's producer: by host call 
 HOST_WAIT = ("a stream wait the host issued (its event's record is not in the profile): the "
              "op of another stream, launched before the call, that ended last before it ran")
 HOST_WAIT_SCAN = 64  # device ops ending before a host-gated op searched for its producer
+OPEN_GROUP_CONFIDENCE = 0.6  # a gloo collective whose group the profiles leave open
+OPEN_GROUP = ("arrived last among the ranks whose gloo group is left open (order; which group "
+              "is ambiguous)")
 INFERRED_CONFIDENCE = {"host_release": 0.6, "host_sync": 0.6, "shared_queue": 0.7}
 INFERRED_REASONS = {"host_release": "ended as the thread resumed",
                     "host_sync": "ended just before the host launched it",
@@ -419,6 +422,7 @@ def _static_edges(graph: DepGraph) -> pd.DataFrame:
     stream = (graph.prev >= 0) & ~graph.host_side
     wait = np.isin(graph.how, ["event_id", "timing"])
     pair, coll = graph.how == "p2p", graph.how == "collective"
+    open_group = (frame["group"].to_numpy() == "") & (graph.mode == schema.COMM)
     host = graph.host_gate >= 0
     parts = [
         (graph.prev[stream], idx[stream], "stream", 1.0, "lane order"),
@@ -435,9 +439,12 @@ def _static_edges(graph: DepGraph) -> pd.DataFrame:
         (graph.dep[pair], idx[pair], "p2p", np.where(has_seq[idx[pair]], 1.0, 0.9),
          np.where(has_seq[idx[pair]], "posted last (pair by group and instance)",
                   "posted last (pair by order)")),
-        (graph.dep[coll], idx[coll], "collective", np.where(has_seq[idx[coll]], 1.0, 0.9),
+        (graph.dep[coll], idx[coll], "collective",
+         np.where(has_seq[idx[coll]], 1.0, np.where(open_group[idx[coll]],
+                                                     OPEN_GROUP_CONFIDENCE, 0.9)),
          np.where(has_seq[idx[coll]], "arrived last (instance by sequence number)",
-                  "arrived last (instance by order in the group)")),
+                  np.where(open_group[idx[coll]], OPEN_GROUP,
+                           "arrived last (instance by order in the group)"))),
     ]
     return pd.concat([pd.DataFrame({"src": s, "dst": d, "kind": k, "confidence": c, "reason": r})
                       for s, d, k, c, r in parts], ignore_index=True)

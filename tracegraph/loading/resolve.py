@@ -331,7 +331,8 @@ def _settle_collectives(b: _Bundle) -> None:
         return
     start = work.candidates.copy()
     consistent = _narrow_collectives(work, b)
-    while consistent and (_by_repetition(work) or _by_consistency(work, b)):
+    while consistent and (_by_repetition(work) or _by_consistency(work, b)
+                          or _by_sibling(work, b)):
         consistent = _narrow_collectives(work, b)
     if not consistent:
         b.warnings.append("gloo collectives: the ranks' timings rule out every group of some "
@@ -414,6 +415,47 @@ def _by_repetition(work: _Work) -> bool:
             work.candidates[u] = False
             work.candidates[u, g], changed = True, True
     return changed
+
+
+def _by_sibling(work: _Work, b: _Bundle) -> bool:
+    """Where members cannot tell (several assignments fit), gloo's way of starting threads
+    does: a group's worker threads start one after the other (two by default), so an open
+    thread whose id neighbours that of a thread of its rank settled on a group it may serve is
+    on that group, and it is on no group whose settled threads on its rank are all further
+    away. Said in a warning: a premise of how gloo starts its threads, not a fact of the run.
+    Returns whether any thread was narrowed."""
+    if work.fits is None or not work.fits.complete or work.fits.count < 2:
+        return False
+    tid = [_thread_id(lane) for _, lane in work.units]
+    settled = [int(np.argmax(c)) if c.sum() == 1 else -1 for c in work.candidates]
+    changed = False
+    for u, (rank, lane) in enumerate(work.units):
+        if settled[u] >= 0 or tid[u] is None:
+            continue
+        near: dict[int, bool] = {}  # group -> whether one of its settled threads neighbours u
+        for s, (other, _) in enumerate(work.units):
+            if other == rank and settled[s] >= 0 and tid[s] is not None:
+                near[settled[s]] = near.get(settled[s], False) or abs(tid[s] - tid[u]) == 1
+        keep = [g for g in np.flatnonzero(work.candidates[u]) if near.get(int(g), True)]
+        sibling = [g for g in keep if near.get(int(g))]
+        keep = sibling[:1] if len(sibling) == 1 else keep
+        if keep and len(keep) < work.candidates[u].sum():
+            work.candidates[u] = False
+            work.candidates[u, keep] = True
+            changed = True
+            if len(keep) == 1:
+                b.warnings.append(
+                    f"rank {rank}: the gloo collectives on {lane} taken to be group "
+                    f"{work.groups[keep[0]]}'s: gloo starts a group's worker threads together "
+                    "(the members' timings fit several groups)")
+    return changed
+
+
+def _thread_id(lane: str) -> int | None:
+    """The thread id of a host lane ("thread 28510 pt_gloo_runloop"), None if it names none."""
+    parts = lane.split()
+    return int(parts[1]) if len(parts) > 1 and parts[0] == "thread" and parts[1].isdigit() \
+        else None
 
 
 def _by_consistency(work: _Work, b: _Bundle) -> bool:
