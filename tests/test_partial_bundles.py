@@ -93,5 +93,7 @@ def test_no_step_markers_analyses_the_whole_span_and_says_so(real: Path, tmp_pat
     assert step["step"] == -1 and step["max_ms"] == pytest.approx(19.6, abs=0.05)
     assert summary["critical_path"]["-1"]["length_ms"] == pytest.approx(step["max_ms"], abs=0.01)
     text = run_cli("analyze", bundle, "--cache-dir", tmp_path).stdout
-    assert "whole span (no step markers)" in " ".join(text.split())
+    assert "the whole trace (no step markers)" in " ".join(text.split())
+    detail = run_cli("analyze", bundle, "--detail", "--cache-dir", tmp_path).stdout
+    assert "whole span (no step markers)" in " ".join(detail.split())
     assert "no bubbles: no stall of 1 ms or more on any rank's main compute lane" in text

@@ -134,5 +134,5 @@ def test_analyze_lists_each_steps_stragglers(tmp_path: Path):
     summary = json.loads(run_cli("analyze", bundle, "--json", "--cache-dir", tmp_path).stdout)
     [row] = summary["stragglers"]["by_step"]
     assert (row["step"], row["rank"]) == (2, 1) and row["work_ms"] > 200 > 20 * row["peers_ms"]
-    text = " ".join(run_cli("analyze", bundle, "--cache-dir", tmp_path).stdout.split())
+    text = " ".join(run_cli("analyze", bundle, "--detail", "--cache-dir", tmp_path).stdout.split())
     assert f"in step 2: rank 1 worked {row['work_ms']:.1f} ms, {row['ratio']:.1f}×" in text

@@ -46,7 +46,7 @@ RELEASED_AT = {"stream": "end", "launch": "start", "event_wait": "end", "queue":
                "host_release": "end", "host_sync": "end", "shared_queue": "end"}
 """Which point of the source op the destination waited for, per edge kind."""
 RELEASE_WINDOW_NS = 5_000_000  # a host thread resumes this soon after the op it waited on ends
-RELEASE_SHARE = 0.03  # ... or within this share of a long stretch (a busy CPU wakes it late)
+RELEASE_SHARE = 0.1  # ... or within this share of a long stretch (a busy CPU wakes it late)
 QUEUE_WINDOW_NS = 50_000  # a serialized stream starts this soon after the op ahead of it ends
 HOST_SYNC_WINDOW_NS = 1_000_000  # a host blocked on the device launches this soon after it ends
 BUSY_SHARE = 0.5  # a releaser (or its lane) ran through at least this share of the stretch
@@ -148,7 +148,7 @@ class DepGraph:
 
     # --- edges inferred by time, recorded as found ---------------------------------------------
     def host_release(self, n: int, lo: int, hi: int) -> int:
-        """The comm op on another thread of n's rank that ended last within 5 ms (3 % of a long
+        """The comm op on another thread of n's rank that ended last within 5 ms (10 % of a long
         stretch) before `hi` (or 20 µs after: host clocks), after `lo`, and ran through most of
         [lo, hi] — else whose thread did, one op after another (a queue of reductions launched
         earlier, the last one short): what n's idle thread waited for, or -1."""
