@@ -145,7 +145,10 @@ def _allowed(expected: dict, wait: dict | None, first_step: bool) -> set[tuple[s
         extra = {("host_launch", None)} | ({("unknown", None)} if first_step else set())
         return normal | extra | ({(c, None) for c in wait["via"]} if wait else set())
     causes = {(c["category"], c["rank"]) for c in wait["causes"] if c["cause"] != "transfer"}
-    return causes | {(c, None) for c in wait["via"]}
+    # the replay takes the chain's ranks' own work and communication as instantaneous: what they
+    # really took is theirs, charged to their normal categories
+    on_chain = {(category, rank) for rank in wait["chain"] for category, _ in normal}
+    return causes | on_chain | {(c, None) for c in wait["via"]}
 
 
 def annotations(analysis: Analysis, bubble: Bubble) -> tuple[str, ...]:

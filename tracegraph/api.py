@@ -30,13 +30,13 @@ def analyze(path: str | Path, *, threshold_ms: float = 1.0, cache_dir: str | Pat
     from tracegraph.analysis.cache import remembered
     from tracegraph.analysis.findings import find_all
     from tracegraph.analysis.pipeline import recover
-    from tracegraph.loading.cache import default_cache_dir
+    from tracegraph.loading.cachedir import CacheDir, default_cache_dir
     from tracegraph.loading.loader import load
 
-    cache_dir = Path(cache_dir) if cache_dir is not None else None  # a str as well
-    trace = load(path, cache_dir=cache_dir, use_cache=use_cache, jobs=jobs, rank_map=rank_map,
-                 progress=progress)
-    store = (cache_dir or default_cache_dir()) if use_cache else None
+    store = CacheDir(Path(cache_dir) if cache_dir is not None else default_cache_dir(),
+                     warn=_warn) if use_cache else None  # a str as well
+    trace = load(path, use_cache=use_cache, jobs=jobs, rank_map=rank_map, progress=progress,
+                 cache_folder=store)
     options = {"threshold_ms": threshold_ms}
 
     def kept(what: str, compute):  # noqa: ANN001, ANN202 - as the command line keeps them

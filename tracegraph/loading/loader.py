@@ -42,6 +42,7 @@ from tracegraph.progress import Progress
 _WORKER_BUNDLES: dict[str, Bundle] = {}
 PARSE_TO_TABLE = 6  # what parsing a rank takes at its peak, in units of its table's size
 _PR_SET_PDEATHSIG = 1  # prctl(2)
+_STOPPING = (signal.SIGINT, signal.SIGTERM)  # the signals that end a command (cli/entry.py)
 
 
 def load(
@@ -162,6 +163,7 @@ def parser_pool(workers: int) -> Iterator[ProcessPoolExecutor]:
                                initargs=(os.getpid() if fork else None,),
                                mp_context=multiprocessing.get_context("fork") if fork else None)
     try:
+        _start_workers(pool)
         yield pool
     except BaseException:
         for process in list((pool._processes or {}).values()):  # no public way before 3.14
@@ -171,11 +173,23 @@ def parser_pool(workers: int) -> Iterator[ProcessPoolExecutor]:
     pool.shutdown(wait=True)
 
 
+def _start_workers(pool: ProcessPoolExecutor) -> None:
+    """Fork the pool's processes now (a fork pool starts them all at its first task), Ctrl-C
+    and SIGTERM held meanwhile: a handler run in the interpreter's fork callbacks would have
+    its exception ignored, and the signal lost."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, _STOPPING)
+    try:
+        pool.submit(os.getpid).result()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
 def _bound_to_parent(parent: int | None) -> None:
     """A parser process's set-up: Ctrl-C is its parent's to handle, and it dies with its
     parent (Linux: PR_SET_PDEATHSIG), however the parent ends, SIGKILL included."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOPPING)  # held while it was forked
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     if parent is not None and os.getppid() != parent:  # it died before the line above
