@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tests.builder import MS, TraceBuilder
-from tests.corpus import CASES, folder
+from tests.corpus import CASES, folder, truth
 from tests.test_graph_bundles import BUNDLES
 from tests.whatif_bundles import SIMULATED, analysed, simulated
 from tracegraph.analysis.analyze import analyze
@@ -149,3 +149,18 @@ def test_a_contradicted_graph_is_refused() -> None:
     assert MAX_ERROR < 0.10 and prediction.predicted == []
     assert "misses its measured step by 10.0 %" in prediction.refused[1]
     assert "90.0 ms of ops start ahead of what they wait for" in prediction.refused[1]
+
+
+def test_a_batched_exchange_waits_for_every_half_in_the_replay() -> None:
+    """cp4_ring: each ring step a batch_isend_irecv to rank+1 and from rank-1; rank 2 sleeps
+    150 ms in its attention of step 2. Rank 1's batch is held by its send to 2 (gloo's send
+    completes with its receive; its record ends when posted), so bringing rank 2 to its peers'
+    speed gains the step about the sleep: every rank's step 2 shrinks by most of it."""
+    from tracegraph.whatif.edits import Straggler
+
+    injected = truth("cp4_ring")["injections"][0]
+    prediction = predict(analysed(folder("cp4_ring")), [Straggler(str(injected["rank"]))])
+    ranks = prediction.ranks()
+    first = ranks[ranks["step"] == min(injected["steps"])]
+    gained = first["measured_ms"] - first["predicted_ms"]
+    assert len(first) == 4 and (gained > 0.8 * injected["duration_ms"]).all(), first

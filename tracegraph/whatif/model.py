@@ -37,10 +37,11 @@ import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
+import pandas as pd
 
 from tracegraph import schema
 from tracegraph.analysis.analyze import Analysis
-from tracegraph.graph.depgraph import DepGraph
+from tracegraph.graph.depgraph import DepGraph, exchanges
 from tracegraph.graph.match import BLOCKING_WAIT_NS, RECORD_WINDOW_NS
 from tracegraph.whatif.inferred import inferred_edges
 
@@ -192,7 +193,10 @@ def _static_edges(analysis: Analysis, instances: list[np.ndarray]
     queued = graph.queued >= 0
     parts.append((end(graph.queued[queued]), end(idx[queued]), "queue"))
     pair = matches.how == "p2p"  # both halves: the later posting releases the pair
-    parts.append((start(_posting(graph)[matches.dep[pair]]), end(idx[pair]), "p2p"))
+    posting = _posting(graph)
+    parts.append((start(posting[matches.dep[pair]]), end(idx[pair]), "p2p"))
+    halves, closing = _exchange_ends(analysis, idx[pair])  # a batch waits for every half
+    parts.append((start(posting[matches.dep[halves]]), end(closing), "p2p"))
     if instances:
         sizes = np.array([len(ops) for ops in instances])
         member = np.concatenate(instances)
@@ -203,6 +207,21 @@ def _static_edges(analysis: Analysis, instances: list[np.ndarray]
     dst = np.concatenate([p[1] for p in parts]).astype(np.int64)
     kind = np.concatenate([np.full(len(p[0]), KIND[p[2]], dtype=np.int8) for p in parts])
     return src, dst, kind
+
+
+def _exchange_ends(analysis: Analysis, halves: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The matched halves of batched exchanges (`depgraph.exchanges`, several halves), and the
+    half that ends each one's exchange: its thread waits there for every half's peer."""
+    exchange = exchanges(analysis.ops)[halves]
+    halves, exchange = halves[exchange >= 0], exchange[exchange >= 0]
+    if not len(halves):
+        return halves, halves
+    table = pd.DataFrame({"half": halves, "exchange": exchange,
+                          "end": analysis.graph.end[halves]})
+    several = table.groupby("exchange")["half"].transform("size").to_numpy() > 1
+    table = table[several]
+    last = table.loc[table.groupby("exchange")["end"].idxmax()].set_index("exchange")["half"]
+    return table["half"].to_numpy(), last.reindex(table["exchange"]).to_numpy()
 
 
 def _posting(graph: DepGraph) -> np.ndarray:
