@@ -194,8 +194,12 @@ def test_unprofiled_members_only_when_ranks_are_absent(case: str) -> None:
 
 @pytest.mark.parametrize("case", [c for c in CASES if truth(c)["parallelism"]["pp"] == 1])
 def test_a_job_without_a_pipeline_has_no_pipeline_causes(case: str) -> None:
+    """Nor a pipeline schedule, nor stages: a context-parallel ring's P2P is no pipeline."""
+    from tracegraph.analysis.pipeline import recover
+
     charged = {i.category for b in analysed(case).bubbles for i in b.intervals}
     assert not charged & {causes.PIPELINE_FILL, causes.PP_P2P}, charged
+    assert recover(analysed(case)) is None
 
 
 def test_time_before_a_peers_profile_is_not_blamed_on_a_cause() -> None:

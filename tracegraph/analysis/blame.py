@@ -289,7 +289,7 @@ def comm_categories(frame: pd.DataFrame, groups: pd.DataFrame) -> np.ndarray:
     pairs = np.isin(kinds, list(schema.P2P_COMMS)) & (group == "")
     dim = np.array([dims.get(g, "") for g in group], dtype=object)
     if pairs.any():
-        dim[pairs] = _pair_dims(frame["rank"].to_numpy()[rows][pairs], peer[rows][pairs], groups)
+        dim[pairs] = pair_dims(frame["rank"].to_numpy()[rows][pairs], peer[rows][pairs], groups)
     codes, uniques = pd.factorize(pd.MultiIndex.from_arrays([dim, kinds]))
     out = np.full(len(frame), "", dtype=object)
     if len(uniques):
@@ -298,7 +298,7 @@ def comm_categories(frame: pd.DataFrame, groups: pd.DataFrame) -> np.ndarray:
     return out
 
 
-def _pair_dims(rank: np.ndarray, peer: np.ndarray, groups: pd.DataFrame) -> np.ndarray:
+def pair_dims(rank: np.ndarray, peer: np.ndarray, groups: pd.DataFrame) -> np.ndarray:
     """Per (rank, peer): the parallel dimension of the smallest groups of a known dimension
     (not the world) holding both, "" where there is none or they disagree."""
     known = groups[~groups["dim"].isin(["", "world"])] if len(groups) else groups

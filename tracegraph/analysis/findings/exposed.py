@@ -78,13 +78,13 @@ def finding(analysis, stages: dict[int, int]) -> Finding | None:
             "by_stage": {str(s): {k: round(v, 3) for k, v in r.items()}
                          for s, r in stage_rows.iterrows()}}
         if round(comm, 1):  # a dim that rounds to 0.0 ms is left to the evidence
-            stage_text = ", ".join(f"stage {s} {r['exposed_ms']:.1f}/{r['comm_ms']:.1f}"
-                                   for s, r in stage_rows.iterrows())
+            stage_text = "; per rank by stage (exposed/total ms): " + ", ".join(
+                f"stage {s} {r['exposed_ms']:.1f}/{r['comm_ms']:.1f}"
+                for s, r in stage_rows.iterrows()) if len(stage_rows) > 1 else ""
             lines.append(f"{NAMES.get(dim, dim)}: {exposed:.1f} of {comm:.1f} ms exposed per "
                          f"step (summed over ranks, {1 - exposed / comm:.0%} hidden), of that "
                          f"the transfers' own {own:.1f} ms (most on rank {int(top['rank'])}: "
-                         f"{top['own_ms']:.1f} ms){_not_own(waiting, unexplained)}; per rank "
-                         f"by stage (exposed/total ms): {stage_text}")
+                         f"{top['own_ms']:.1f} ms){_not_own(waiting, unexplained)}{stage_text}")
         mostly = own / comm > EXPOSED_SHARE if comm else False
         if mostly and top["own_ms"] > STEP_SHARE * step_ms[top["rank"]] and (
                 worst is None or top["own_ms"] > worst[1]):

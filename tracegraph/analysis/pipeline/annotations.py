@@ -25,7 +25,7 @@ import pandas as pd
 from tracegraph import schema
 from tracegraph.analysis.pipeline.blocks import WORK_KINDS, B, F, Pipeline, W, staged, work
 from tracegraph.analysis.pipeline.labels import labelled
-from tracegraph.analysis.pipeline.replicas import layout
+from tracegraph.analysis.pipeline.replicas import components, layout
 
 _PHASES = {"fwd": F, "forward": F, "bwd": B, "backward": B, "wgt": W, "weight": W}
 _SEP = r"[\s,;_:#=-]*"
@@ -50,6 +50,9 @@ def from_annotations(analysis) -> Pipeline | None:
         return None
     blocks = pd.concat(kept, ignore_index=True)
     depth = _flow_depth(np.concatenate([edges for _, edges in found]))
+    ranks = sorted(int(r) for r in blocks["rank"].unique())
+    if not any(len(members) > 1 for members in components(analysis.trace, ranks)):
+        return None  # microbatches, but no stages: gradient accumulation, not a pipeline
     if blocks["mb"].notna().all():
         blocks = blocks.assign(microbatch=blocks["mb"].astype("int64"),
                                chunk=blocks["chunk"].fillna(0).astype("int64"))

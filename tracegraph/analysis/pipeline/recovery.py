@@ -23,12 +23,15 @@ SOURCE = "op order"
 
 
 def from_op_order(analysis) -> Pipeline | None:
-    """The pipeline from P2P boundaries and op order; None without P2P ops. The main lanes' work
+    """The pipeline from P2P boundaries and op order; None without P2P ops between pipeline
+    stages (`replicas.pipeline_links`). The main lanes' work
     is read rank by rank where the ranks lie (`Analysis.by_part`), twice: for the names' phase
     scores, which every rank teaches, then for the blocks they cut."""
     if not any(analysis.by_part(_has_p2p)):
         return None
     replicas = layout(analysis.trace, analysis.trace.rank_ids)
+    if not replicas:  # P2P ops, but none between pipeline stages (a context-parallel ring)
+        return None
     earlier = _earlier(replicas)
     scores = phases.name_scores(analysis.by_part(_name_counts, earlier))
     found = analysis.by_part(_scored_blocks, earlier, scores)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class Replica:
@@ -30,7 +32,7 @@ def components(trace, ranks: list[int], pairs: set[tuple[int, int]] | None = Non
             r = parent[r]
         return r
 
-    links = list(trace.p2p_links() if pairs is None else pairs)
+    links = list(pipeline_links(trace, trace.p2p_links() if pairs is None else pairs))
     for members in trace.groups.loc[trace.groups["dim"] == "pp", "ranks"]:
         links += [(int(members[0]), int(m)) for m in members[1:]]
     for a, b in links:
@@ -41,6 +43,20 @@ def components(trace, ranks: list[int], pairs: set[tuple[int, int]] | None = Non
         grouped.setdefault(find(r), []).append(r)
     present = set(ranks)
     return [members for members in grouped.values() if present & set(members)]
+
+
+def pipeline_links(trace, pairs: set[tuple[int, int]]) -> set[tuple[int, int]]:
+    """Of the (rank, peer) pairs of P2P ops, those between pipeline stages: not a ring of a
+    context-parallel group's (`blame.comm_categories`: the smallest known groups holding both
+    ends say their dimension)."""
+    from tracegraph.analysis.blame import pair_dims
+
+    if not pairs or not len(trace.groups):
+        return set(pairs)
+    ordered = sorted(pairs)
+    dims = pair_dims(np.array([a for a, _ in ordered]), np.array([b for _, b in ordered]),
+                     trace.groups)
+    return {pair for pair, dim in zip(ordered, dims, strict=True) if dim in ("", "pp")}
 
 
 def replicas(trace, ranks: list[int], pairs: set[tuple[int, int]] | None = None
@@ -54,7 +70,7 @@ def replicas(trace, ranks: list[int], pairs: set[tuple[int, int]] | None = None
 def layout(trace, ranks: list[int], order: dict[int, int] | None = None) -> list[Replica]:
     """The replicas of 2+ of `ranks`, stages by `order` then rank (the usual layout numbers
     stages in rank order), their absent ranks included."""
-    pairs = trace.p2p_links()  # on a cluster, found where the ranks lie
+    pairs = pipeline_links(trace, trace.p2p_links())  # on a cluster, where the ranks lie
     present = set(ranks)
     found = []
     for members in components(trace, ranks, pairs):
