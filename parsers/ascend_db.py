@@ -32,8 +32,8 @@ from parsers import ascend_layout, ascend_memory
 from parsers.ascend_comm import load_side, resolve_rank, stated_metadata
 from parsers.ascend_rows import (
     Context,
+    Rows,
     Steps,
-    all_steps,
     attach_device_tasks,
     comm_lane,
     concat,
@@ -47,7 +47,7 @@ from parsers.ascend_rows import (
     op_bytes,
     op_streams,
     set_peers,
-    table,
+    stepped,
     thread_lane,
 )
 from parsers.base import Format, ParsedRank, RankFiles, Reader, TraceError, local_path
@@ -80,6 +80,7 @@ API_PREFIX = {"acl": "AscendCL", "runtime": "Runtime", "node": "Node", "model": 
               "hccl": "Hccl", "communication": "Communication"}
 """CANN API level -> the prefix trace_view.json gives its calls (`AscendCL@aclrtRecordEvent`)."""
 LOW_32 = 0xFFFFFFFF  # globalTid: pid << 32 | tid
+QUERY_ROWS = 1 << 16  # rows fetched from SQLite at once
 
 
 # --- opening ---------------------------------------------------------------------------------
@@ -100,13 +101,18 @@ class Database:
         return table in self.tables and set(columns) <= self.tables[table]
 
     def query(self, sql: str) -> pd.DataFrame:
-        """The rows of `sql` as a DataFrame; TraceError (naming the file) when SQLite fails."""
+        """The rows of `sql` as a DataFrame, fetched QUERY_ROWS at a time (each batch of Python
+        rows turned into columns before the next is fetched); TraceError (naming the file) when
+        SQLite fails."""
         try:
             cursor = self.conn.execute(sql)
             columns = [c[0] for c in cursor.description]
-            return pd.DataFrame(cursor.fetchall(), columns=columns)
+            parts = [pd.DataFrame(batch, columns=columns)
+                     for batch in iter(lambda: cursor.fetchmany(QUERY_ROWS), [])]
         except sqlite3.Error as err:
             raise TraceError(f"{self.where}: {_sqlite_problem(err)}") from None
+        return pd.concat(parts, ignore_index=True) if len(parts) > 1 else \
+            parts[0] if parts else pd.DataFrame(columns=columns)
 
     def values(self, table: str) -> dict[str, str]:
         """A (name, value) table such as META_DATA as a dict."""
@@ -227,7 +233,8 @@ def parse(files: RankFiles, read: Reader) -> ParsedRank:
         info = side.info if "rank_id" in side.info else {**side.info, "rank_id": rank_row[0]}
         rank = resolve_rank(files, info, warnings, "RANK_DEVICE_MAP")
         ctx = Context(rank, member, side, warnings)
-        frame, ops = _frame(db, ctx)
+        rows = Rows()
+        ops = _frame(db, ctx, rows)
         device = rank_row[1] if rank_row[1] is not None else _device_id(db, warnings)
         memory = ascend_memory.database_memory(db, rank, warnings)
     if memory is None:  # a text export beside the database may hold the memory CSVs
@@ -236,7 +243,8 @@ def parse(files: RankFiles, read: Reader) -> ParsedRank:
     if not side.ops:
         found["comm_times"] = _comm_times(ops)
     names = dict(zip(ops["group"], ops["comm_name"], strict=True))
-    return ParsedRank(rank=rank, events=table(frame, rank), groups=groups(side, frame, names),
+    return ParsedRank(rank=rank, events=rows.table(rank),
+                      groups=groups(side, rows.grouped(), names),
                       meta=found, warnings=warnings, memory=memory)
 
 
@@ -247,12 +255,17 @@ def _check_version(db: Database, warnings: list[str]) -> None:
                         "reader knows; read the tables and columns it names")
 
 
-def _frame(db: Database, ctx: Context) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Every row of the database as events, and the HCCL ops (with their comm names)."""
+def _frame(db: Database, ctx: Context, rows: Rows) -> pd.DataFrame:
+    """Every row of the database as events, into `rows`, each table's let go once taken;
+    the HCCL ops (with their comm names)."""
     framework = _framework_frame(db)
     ctx.steps = Steps.of(framework)
+    rows.add(stepped(framework, ctx.steps))
+    del framework
     cann = _cann_frame(db, ctx)
     ctx.steps.link(cann)
+    rows.add(stepped(cann, ctx.steps))
+    del cann
     ops = _op_frame(db)
     device = _device_frame(db, set(ops["correlation"]))
     op_streams(ops, device)
@@ -260,10 +273,11 @@ def _frame(db: Database, ctx: Context) -> tuple[pd.DataFrame, pd.DataFrame]:
     tasks = _task_frame(db, ops)
     attach_device_tasks(device, ops)
     set_peers(ops, tasks, ctx)
-    frame = concat([framework, cann, device, ops.drop(columns=["op_id", "comm_name", "wait_ns"]),
-                    tasks.drop(columns="op")])
-    frame["step"] = all_steps(frame, ctx.steps)
-    return frame, ops
+    rows.add(stepped(device, ctx.steps))
+    del device
+    rows.add(stepped(ops.drop(columns=["op_id", "comm_name", "wait_ns"]), ctx.steps))
+    rows.add(stepped(tasks.drop(columns="op"), ctx.steps))
+    return ops
 
 
 def _rank_device(db: Database) -> tuple[int | None, int | None]:
