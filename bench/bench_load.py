@@ -67,7 +67,8 @@ def _shifted(event: dict, by: float) -> dict:
 
 
 def build_ascend(out: Path, ranks: int, megabytes: float) -> list[Path]:
-    """N rank folders whose trace_view.json repeats a real one (times shifted) to ~`megabytes`."""
+    """N rank folders whose trace_view.json repeats a real one (times shifted) to ~`megabytes`,
+    written a copy at a time (the bytes `json.dumps` of the whole list gives)."""
     events = json.loads((ASCEND_SOURCE / "ASCEND_PROFILER_OUTPUT/trace_view.json").read_bytes())
     timed = [float(e["ts"]) for e in events if "ts" in e and e.get("ph") != "M"]
     span = max(timed) - min(timed)
@@ -78,11 +79,14 @@ def build_ascend(out: Path, ranks: int, megabytes: float) -> list[Path]:
         (folder / "ASCEND_PROFILER_OUTPUT").mkdir(parents=True, exist_ok=True)
         info = json.loads((ASCEND_SOURCE / "profiler_info_0.json").read_text())
         (folder / f"profiler_info_{rank}.json").write_text(json.dumps(dict(info, rank_id=rank)))
-        repeated = [e if k == 0 or e.get("ph") == "M" or "ts" not in e
-                    else dict(e, ts=f"{float(e['ts']) + k * span * 1.01:.3f}")
-                    for k in range(copies) for e in events]
         path = folder / "ASCEND_PROFILER_OUTPUT/trace_view.json"
-        path.write_text(json.dumps(repeated))
+        with path.open("w") as file:
+            for k in range(copies):
+                copy = [e if k == 0 or e.get("ph") == "M" or "ts" not in e
+                        else dict(e, ts=f"{float(e['ts']) + k * span * 1.01:.3f}")
+                        for e in events]
+                file.write(("[" if k == 0 else ", ") + json.dumps(copy)[1:-1])
+            file.write("]")
         paths.append(path)
     return paths
 

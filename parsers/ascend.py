@@ -51,6 +51,7 @@ from parsers.ascend_timeline import NO_ARGS, Fields, Timeline, read_timeline
 from parsers.base import Format, ParsedRank, RankFiles, Reader
 from parsers.classify import parse_hccl_name
 from parsers.values import ints, to_int
+from tracegraph.heap import hand_back
 from tracegraph.schema import (
     COLLECTIVE,
     COMM,
@@ -85,9 +86,8 @@ def parse(files: RankFiles, read: Reader) -> ParsedRank:
     ctx = Context(rank, files.files[roles[0]] if roles else files.root, side, warnings)
     rows, device_pid = Rows(), None
     if roles:
-        timeline = read_timeline([files.files[role] for role in roles], read, warnings)
-        device_pid = _trace_rows(timeline, ctx, rows)
-        del timeline
+        device_pid = _trace_rows(read_timeline([files.files[role] for role in roles], read,
+                                               warnings), ctx, rows)
     elif "kernels" in files.files:
         rows.add(kernel_frame(files.files["kernels"], read, ctx))
     if side.ops and not rows.kinds & {COLLECTIVE, P2P}:
@@ -137,32 +137,61 @@ def _chunks(rows: np.ndarray) -> Iterator[np.ndarray]:
 
 
 def _trace_rows(timeline: Timeline, ctx: Context, rows: Rows) -> int | None:
-    """Every row of the trace, into `rows` (framework, CANN, device, HCCL ops, their tasks);
-    the pid of its Ascend Hardware layer."""
+    """Every row of the trace, into `rows` (framework, CANN, device, HCCL ops, their tasks),
+    the timeline split by layer first and each layer let go once taken; the pid of its Ascend
+    Hardware layer."""
     layers, device_pid = _split_layers(timeline, ctx)
-    framework = np.concatenate([layers["framework"], layers["marker"]])
-    marked = np.arange(len(framework)) >= len(layers["framework"])
-    ctx.steps = Steps.of(_step_rows(timeline, framework))
-    for part in _chunks(np.arange(len(framework))):
-        rows.add(stepped(_framework_frame(timeline, framework[part], marked[part]), ctx.steps))
-    links = [_linked(rows, _cann_frame(timeline, part, ctx), ctx)
-             for part in _chunks(layers["cann"])]
-    ctx.steps.link(pd.concat(links, ignore_index=True) if links else pd.DataFrame(
-        {"correlation": pd.Series(dtype=np.int64), "step": pd.Series(dtype=np.int64)}))
-    ops_rows, task_rows = _split_comm(timeline, layers["comm"])
-    op_conns = set(timeline.ints("connection_id", ops_rows).tolist()) - {NO_INT}
-    device = layers["device"]
-    launched = device[np.isin(timeline.ints("connection_id", device), list(op_conns))]
-    ops = _op_frame(timeline, ops_rows, _device_frame(timeline, launched, op_conns), ctx)
-    tasks = _task_frame(timeline, task_rows, ops, ctx)
+    marker = layers.pop("marker")
+    framework = np.concatenate([layers.pop("framework"), marker])
+    marked = np.arange(len(framework)) >= len(framework) - len(marker)
+    parts = timeline.split({"framework": framework, **layers})
+    del timeline, layers
+    hand_back()
+    _framework_rows(parts.pop("framework"), marked, ctx, rows)
+    hand_back()
+    _cann_rows(parts.pop("cann"), ctx, rows)
+    hand_back()
+    comm, device = parts.pop("comm"), parts.pop("device")
+    ops_rows, task_rows = _split_comm(comm)
+    op_conns = set(comm.ints("connection_id", ops_rows).tolist()) - {NO_INT}
+    every = np.arange(device.n)
+    launched = every[np.isin(device.ints("connection_id", every), list(op_conns))]
+    ops = _op_frame(comm, ops_rows, _device_frame(device, launched, op_conns), ctx)
+    tasks = _task_frame(comm, task_rows, ops, ctx)
+    del comm
     set_peers(ops, tasks, ctx)
-    for part in _chunks(device):
-        frame = _device_frame(timeline, part, op_conns)
-        attach_device_tasks(frame, ops)
-        rows.add(stepped(frame, ctx.steps))
+    _device_rows(device, op_conns, ops, ctx, rows)
+    del device
+    hand_back()
     rows.add(stepped(ops, ctx.steps))
     rows.add(stepped(tasks.drop(columns="op"), ctx.steps))
     return device_pid
+
+
+def _framework_rows(layer: Timeline, marked: np.ndarray, ctx: Context, rows: Rows) -> None:
+    """The framework and marker layers' rows (`marked`: those of a marker layer), into `rows`;
+    the host steps they hold, to `ctx.steps`."""
+    ctx.steps = Steps.of(_step_rows(layer))
+    for part in _chunks(np.arange(layer.n)):
+        rows.add(stepped(_framework_frame(layer, part, marked[part]), ctx.steps))
+
+
+def _device_rows(layer: Timeline, op_conns: set[int], ops: pd.DataFrame, ctx: Context,
+                 rows: Rows) -> None:
+    """The device layer's rows, into `rows`; those of an HCCL op take its group and number."""
+    for part in _chunks(np.arange(layer.n)):
+        frame = _device_frame(layer, part, op_conns)
+        attach_device_tasks(frame, ops)
+        rows.add(stepped(frame, ctx.steps))
+
+
+def _cann_rows(layer: Timeline, ctx: Context, rows: Rows) -> None:
+    """The CANN layer's rows, into `rows`; the steps of the device work they launched, to
+    `ctx.steps`."""
+    links = [_linked(rows, _cann_frame(layer, part, ctx), ctx)
+             for part in _chunks(np.arange(layer.n))]
+    ctx.steps.link(pd.concat(links, ignore_index=True) if links else pd.DataFrame(
+        {"correlation": pd.Series(dtype=np.int64), "step": pd.Series(dtype=np.int64)}))
 
 
 def _linked(rows: Rows, cann: pd.DataFrame, ctx: Context) -> pd.DataFrame:
@@ -174,11 +203,11 @@ def _linked(rows: Rows, cann: pd.DataFrame, ctx: Context) -> pd.DataFrame:
     return known
 
 
-def _step_rows(timeline: Timeline, framework: np.ndarray) -> pd.DataFrame:
-    """The framework rows named like a `ProfilerStep#N` (their name, start and duration)."""
-    names = timeline.names.column
+def _step_rows(layer: Timeline) -> pd.DataFrame:
+    """The rows named like a `ProfilerStep#N` (their name, start and duration)."""
+    names = layer.names.column
     named = np.flatnonzero(step_numbers(names.dictionary.to_pandas()) != NO_INT)
-    return timeline.base(framework[np.isin(names.indices.to_numpy()[framework], named)])
+    return layer.base(np.flatnonzero(np.isin(names.indices.to_numpy(), named)))
 
 
 def _split_layers(timeline: Timeline, ctx: Context) -> tuple[dict[str, np.ndarray], int | None]:
@@ -235,10 +264,11 @@ def _guess_layer(event: Fields) -> str:
     return "framework"
 
 
-def _split_comm(timeline: Timeline, comm: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _split_comm(comm: Timeline) -> tuple[np.ndarray, np.ndarray]:
     """HCCL op rows (no "task type" arg) and their small tasks."""
-    tasks = timeline.present("small_task_type", comm)
-    return comm[~tasks], comm[tasks]
+    every = np.arange(comm.n)
+    tasks = comm.present("small_task_type", every)
+    return every[~tasks], every[tasks]
 
 
 def _framework_frame(timeline: Timeline, rows: np.ndarray, marked: np.ndarray) -> pd.DataFrame:

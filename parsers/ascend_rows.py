@@ -26,6 +26,7 @@ from parsers.classify import HcclName, comm_kind, comm_type, double_hash, parse_
 from parsers.values import LABEL_LIMIT, decimal_micros_to_ns, ints, micros_to_ns, to_int
 from parsers.values import texts as capped_texts
 from tracegraph import schema
+from tracegraph.heap import hand_back
 from tracegraph.schema import (
     COMM,
     COMM_TASK,
@@ -333,7 +334,7 @@ def concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
                      ignore_index=True)
 
 
-CHUNK_ROWS = 1 << 18  # rows turned into a chunk of the table at once
+CHUNK_ROWS = 1 << 17  # rows turned into a chunk of the table at once
 _COMM_COLUMNS = ["group", "src_rank", "dst_rank"]
 _SPAN_COLUMNS = ["step", "start_ns", "dur_ns", "stream"]
 _INT_COLUMNS = [c.name for c in schema.EVENTS if pa.types.is_integer(c.type)]
@@ -391,14 +392,17 @@ class Rows:
             return schema.events_table({}, 0)
         whole = pa.concat_tables(chunks)
         del chunks
+        hand_back()  # what building the chunks freed: the sorted columns come on top
         order = pc.sort_indices(whole["start_ns"])
         names, columns = whole.column_names, whole.columns
         del whole
         for i, name in enumerate(names):  # one column's rows held twice at a time
             column, columns[i] = columns[i], None
+            freed = column.nbytes
             columns[i] = np.full(len(order), rank, np.int32) if name == "rank" \
                 else _plain_if_long(column.take(order))
             del column
+            hand_back(freed)  # the column's chunks
         return pa.table(columns, names=names)
 
 

@@ -44,11 +44,11 @@ class Truncated(Exception):
         self.rest = rest
 
 
-def event_slices(stream: BinaryIO, decode: Decode, slice_bytes: int = SLICE_BYTES
-                 ) -> Iterator[list]:
+def event_slices(stream: BinaryIO, decode: Decode) -> Iterator[list]:
     """The events of the JSON array `stream` holds, decoded by `decode` a slice of about
-    `slice_bytes` at a time (more where one event is larger). The slice is decoded where it
-    lies in the read buffer: the separator before it set to `[`, the one after it to `]`."""
+    SLICE_BYTES at a time (more where one event is larger). The slice is decoded where it lies
+    in the read buffer: the separator before it set to `[`, the one after it to `]`."""
+    slice_bytes = SLICE_BYTES
     buffer = bytearray(stream.read(slice_bytes))
     opening = _OPENING.match(buffer)
     if opening is None:

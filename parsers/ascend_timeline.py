@@ -291,6 +291,22 @@ class Timeline:
         for column in self._columns():
             column.fit()
 
+    def split(self, parts: dict[str, np.ndarray]) -> dict[str, Timeline]:
+        """A timeline of each part's rows, in the order given (names, first events and the
+        dictionaries shared); the caller lets this one go, each part once it is taken."""
+        return {key: self._subset(rows) for key, rows in parts.items()}
+
+    def _subset(self, rows: np.ndarray) -> Timeline:
+        part = Timeline()
+        part.processes, part.threads, part.first = self.processes, self.threads, self.first
+        part.names = self.names.subset(rows)
+        for key in ("start", "dur", "pid", "tid", "annotation"):
+            setattr(part, key, _Growing.of(getattr(self, key).values[rows]))
+        for key, (where, values) in self._args.items():
+            found, at = _lookup(where.values, rows)
+            part._args[key] = (_Growing.of(np.flatnonzero(found)), values.subset(at[found]))
+        return part
+
     # --- access by row -------------------------------------------------------------------
 
     def base(self, rows: np.ndarray) -> pd.DataFrame:
@@ -345,6 +361,15 @@ class _Growing:
         self._buffer[self._size:end] = values
         self._size = end
 
+    @classmethod
+    def of(cls, values: np.ndarray) -> _Growing:
+        column = cls(values.dtype)
+        column._buffer, column._size = values, len(values)
+        return column
+
+    def subset(self, rows: np.ndarray) -> _Growing:
+        return _Growing.of(self.values[rows])
+
     def cut(self, size: int) -> None:
         self._size = size
 
@@ -377,6 +402,11 @@ class _Coded:
 
     def fit(self) -> None:
         self._codes.fit()
+
+    def subset(self, rows: np.ndarray) -> _Coded:
+        part = _Coded()
+        part._codes, part._index = self._codes.subset(rows), self._index
+        return part
 
     @property
     def column(self) -> pa.DictionaryArray:

@@ -11,7 +11,8 @@ import typer
 Bundle = Annotated[Path, typer.Argument(help="A profile folder, archive (.tar.gz/.zip) or file.")]
 CacheDir = Annotated[Path | None, typer.Option(help="Where parsed ranks are cached.")]
 NoCache = Annotated[bool, typer.Option("--no-cache", help="Neither read nor write the cache.")]
-Jobs = Annotated[int | None, typer.Option(help="Parallel parser processes (default: CPUs).")]
+Jobs = Annotated[int | None, typer.Option(
+    help="Parallel parser processes (default: one per CPU, as many as the memory holds).")]
 RankMap = Annotated[Path | None, typer.Option(
     help='JSON file mapping a profile (path or file name) to its rank: {"a.json": 3}.')]
 Dask = Annotated[str | None, typer.Option(

@@ -10,7 +10,6 @@ by a rename) rather than pickled through a pipe; executors such as Dask's still 
 from __future__ import annotations
 
 import gc
-import os
 import tempfile
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, ProcessPoolExecutor
@@ -21,13 +20,14 @@ import pandas as pd
 import pyarrow as pa
 
 from parsers import parse_rank
-from parsers.base import GroupInfo, ParsedRank, RankFiles, TraceError
+from parsers.base import GroupInfo, ParsedRank, RankFiles, TraceError, local_path
 from parsers.bundle import Bundle, open_bundle
 from parsers.text import printable
 from tracegraph import schema
 from tracegraph.heap import hand_back
 from tracegraph.loading import cache, consistency
 from tracegraph.loading.groups import groups_frame
+from tracegraph.loading.jobs import parser_count
 from tracegraph.loading.resolve import settle
 from tracegraph.loading.trace import Trace
 from tracegraph.progress import Progress
@@ -105,7 +105,8 @@ def _parse_all(
             yield profile, hit
         else:
             todo.append((profile, key))
-    workers = min(jobs or os.cpu_count() or 1, len(todo))
+    workers = parser_count(jobs, [p for p, _ in todo], _member_size(bundle),
+                           notes if notes is not None else [])
     if executor is not None:
         yield from _parse_on(executor, bundle, todo, store, advance)
         return
@@ -124,6 +125,17 @@ def _parse_all(
             yield from _parse_on(pool, bundle, todo, store, advance, Path(handoff))
     finally:
         gc.unfreeze()
+
+
+def _member_size(bundle: Bundle) -> Callable[[str], int | None]:
+    """A member's bytes where it is a file on disk, else None."""
+    def size(member: str) -> int | None:
+        path = local_path(bundle.read, member)
+        try:
+            return path.stat().st_size if path is not None else None
+        except OSError:
+            return None
+    return size
 
 
 def _handoff_dir(store: Path | None) -> tempfile.TemporaryDirectory:
