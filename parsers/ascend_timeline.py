@@ -17,7 +17,7 @@ import io
 import re
 from collections.abc import Iterable, Iterator
 from itertools import compress, repeat
-from operator import attrgetter, eq
+from operator import attrgetter, eq, ne
 from typing import BinaryIO, ClassVar, Union
 
 import msgspec
@@ -28,7 +28,14 @@ import pyarrow.compute as pc
 
 from parsers.ascend_stream import Truncated, Whole, event_slices
 from parsers.base import Reader, TraceError, local_path
-from parsers.values import LABEL_LIMIT, cut, decimal_micros_to_ns, ints, micros_to_ns
+from parsers.values import (
+    LABEL_LIMIT,
+    NAME_LIMIT,
+    cut,
+    decimal_micros_to_ns,
+    ints,
+    micros_to_ns,
+)
 from parsers.values import texts as capped_texts
 from tracegraph.schema import NO_INT
 
@@ -104,6 +111,8 @@ _PH, _NAME, _PID, _TID, _TS, _DUR, _CAT, _ARGS = map(attrgetter, (
     "ph", "name", "pid", "tid", "ts", "dur", "cat", "args"))
 _BOUNDARY = re.compile(rb"\}\s*,\s*\{")
 WHOLE_BATCH = 1 << 16  # events of a file decoded whole turned into columns at once
+_DECIMAL_WIDTH = 20  # "1736408883688177.930": 16 digits of µs (as DECIMAL reads), 3 of ns
+_NS_LIMIT = "9" + "0" * 18  # the ns of 9e15 µs, as 19 digits: decimal_micros_to_ns's limit
 
 
 # --- reading ---------------------------------------------------------------------------------
@@ -248,21 +257,27 @@ class Timeline:
     def add(self, events: list[Event]) -> None:
         """Append a slice's events to the columns (the slice can go)."""
         phases = list(map(_PH, events))
-        self._names(compress(events, map("M".__eq__, phases)))
-        ev = list(compress(events, map("X".__eq__, phases)))
+        self._names(compress(events, map(eq, repeat("M"), phases)))
+        ev = list(compress(events, map(eq, repeat("X"), phases)))
         pids = list(map(_PID, ev))
         for pid in dict.fromkeys(pids).keys() - self.first.keys():
             self.first[pid] = ev[pids.index(pid)]
         offset = self.n
         self.pid.extend(_keys(pids))
         self.tid.extend(_keys(list(map(_TID, ev))))
-        self.names.extend(capped_texts(map(_NAME, ev)))
-        self.start.extend(decimal_micros_to_ns(list(map(_TS, ev))))
+        self.names.extend(_texts(list(map(_NAME, ev))))
+        self.start.extend(decimal_ns(list(map(_TS, ev))))
         self.dur.extend(micros_to_ns(list(map(_DUR, ev))))
-        self.annotation.extend(np.fromiter(map(eq, repeat("user_annotation"), map(_CAT, ev)),
-                                           bool, len(ev)))
+        cats = list(map(_CAT, ev))
+        self.annotation.extend(np.fromiter(map(eq, repeat("user_annotation"), cats), bool,
+                                           len(ev)) if "user_annotation" in cats
+                               else np.zeros(len(ev), bool))
         args = list(map(_ARGS, ev))
-        rows = [i for i, a in enumerate(args) if a is not None and a != NO_ARGS]
+        rows = list(compress(range(len(args)), map(ne, args, repeat(NO_ARGS))))  # or None
+        if None in args:
+            rows = [i for i in rows if args[i] is not None]
+        if not rows:  # framework events: none of the args read
+            return
         held = [args[i] for i in rows]
         at = np.array(rows, dtype=np.int64) + offset
         for key in INT_ARGS:
@@ -271,7 +286,7 @@ class Timeline:
             self._args[key][0].extend(at[kept])
             self._args[key][1].extend(values[kept])
         for key in TEXT_ARGS:
-            values = capped_texts(map(attrgetter(key), held))
+            values = _texts(list(map(attrgetter(key), held)))
             kept = values.is_valid().to_numpy(zero_copy_only=False)
             self._args[key][0].extend(at[kept])
             self._args[key][1].extend(values.filter(pa.array(kept)))
@@ -426,6 +441,37 @@ def _lookup(where: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray
         return np.zeros(len(rows), dtype=bool), np.zeros(len(rows), dtype=np.int64)
     at = np.searchsorted(where, rows).clip(0, len(where) - 1)
     return where[at] == rows, at
+
+
+def _texts(values: list[object]) -> pa.Array:
+    """`parsers.values.texts`, its cut skipped where no value has as many bytes as NAME_LIMIT
+    characters (the common case)."""
+    try:
+        array = pa.array(values, pa.string())
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        return capped_texts(values)
+    longest = pc.max(pc.binary_length(array)).as_py() or 0
+    return array if longest <= NAME_LIMIT else capped_texts(values)
+
+
+def decimal_ns(values: list[object]) -> np.ndarray:
+    """`parsers.values.decimal_micros_to_ns`, read without a regular expression where every value
+    is text of one width with three decimals ("1736408883688177.930": its digits are the ns)."""
+    try:
+        text = pa.array(values, pa.string())
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        return decimal_micros_to_ns(values)
+    width = pc.min_max(pc.binary_length(text))
+    size = width["min"].as_py()
+    if not size or size != width["max"].as_py() or size > _DECIMAL_WIDTH or text.null_count:
+        return decimal_micros_to_ns(values)
+    point = pc.utf8_slice_codeunits(text, size - 4, size - 3)
+    digits = pc.binary_join_element_wise(pc.utf8_slice_codeunits(text, 0, size - 4),
+                                         pc.utf8_slice_codeunits(text, size - 3, size), "")
+    if not (pc.all(pc.equal(point, ".")).as_py() and pc.all(pc.ascii_is_decimal(digits)).as_py()
+            and (size < _DECIMAL_WIDTH or pc.all(pc.less(digits, _NS_LIMIT)).as_py())):
+        return decimal_micros_to_ns(values)
+    return pc.cast(digits, pa.int64()).to_numpy()
 
 
 def fast_ints(values: list[object]) -> np.ndarray:

@@ -10,9 +10,10 @@ by a rename) rather than pickled through a pipe; executors such as Dask's still 
 from __future__ import annotations
 
 import gc
+import os
 import tempfile
 from collections.abc import Callable, Iterator
-from concurrent.futures import Executor, ProcessPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Executor, Future, ProcessPoolExecutor, wait
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +35,7 @@ from tracegraph.progress import Progress
 
 _WORKER_BUNDLES: dict[str, Bundle] = {}
 PARSE_TO_TABLE = 6  # what parsing a rank takes at its peak, in units of its table's size
+SPILL_BYTES = 64 << 20  # a streamed archive's member this big is parsed from a file, not sent
 
 
 def load(
@@ -112,9 +114,10 @@ def _parse_all(
         return
     if workers <= 1:
         with _handoff_dir(store) as handoff:
-            for n, (profile, key, read) in enumerate(sources(bundle, todo)):
+            for n, (profile, key, read) in enumerate(sources(bundle, todo, Path(handoff))):
                 out = Path(handoff) / f"{n}.arrow"  # mapped, as a worker's: no heap holds it
                 parsed = _to_file(str(out), _parse, profile, read)
+                _drop_spilled(read)
                 parsed.events = cache.read_events(out)
                 yield profile, _finish(profile, parsed, store, key, out)
                 advance()
@@ -122,7 +125,7 @@ def _parse_all(
     gc.freeze()  # objects so far are the workers' too: a collection there would copy their pages
     try:
         with ProcessPoolExecutor(max_workers=workers) as pool, _handoff_dir(store) as handoff:
-            yield from _parse_on(pool, bundle, todo, store, advance, Path(handoff))
+            yield from _parse_on(pool, bundle, todo, store, advance, Path(handoff), workers + 1)
     finally:
         gc.unfreeze()
 
@@ -147,18 +150,22 @@ def _handoff_dir(store: Path | None) -> tempfile.TemporaryDirectory:
 
 
 def _parse_on(pool: Executor, bundle: Bundle, todo: list[tuple[RankFiles, str]],
-              store: Path | None, advance: Callable[[], None], handoff: Path | None = None
-              ) -> Iterator[tuple[RankFiles, ParsedRank]]:
-    """Parse on `pool`: workers open a random-access bundle themselves, else get the bytes.
-    With `handoff` (local workers), a worker writes the rank's table there as an Arrow file that
-    this process memory-maps, instead of pickling it through a pipe (four copies)."""
+              store: Path | None, advance: Callable[[], None], handoff: Path | None = None,
+              room: int | None = None) -> Iterator[tuple[RankFiles, ParsedRank]]:
+    """Parse on `pool`: workers open a random-access bundle themselves, else get the bytes
+    (big members as files spilled to `handoff`), at most `room` profiles of a streamed archive
+    read ahead of the workers. With `handoff` (local workers), a worker writes the rank's table
+    there as an Arrow file that this process memory-maps, instead of pickling it through a pipe
+    (four copies)."""
     futures = {}
-    for profile, _key, read in sources(bundle, todo):
+    for profile, _key, read in sources(bundle, todo, handoff):
         job = ((parse_in_worker, str(bundle.path), profile) if bundle.random_access
                else (parse_bytes, profile, read.contents))
         out = handoff / f"{len(futures)}.arrow" if handoff else None
         future = pool.submit(_to_file, str(out), *job) if out else pool.submit(*job)
         futures[profile.root] = (future, out)
+        if room is not None and not bundle.random_access:
+            _wait_for_room([f for f, _ in futures.values()], room)
     for profile, key in todo:
         future, out = futures[profile.root]
         parsed = future.result()
@@ -178,33 +185,62 @@ def _to_file(out: str, parse: Callable[..., ParsedRank], *args: object) -> Parse
     return parsed
 
 
-class _Streamed:
-    """A reader over the members of one profile, already read from a streamed archive."""
+def _wait_for_room(futures: list[Future], room: int) -> None:
+    """Wait until fewer than `room` of `futures` are running or queued."""
+    while len(pending := [f for f in futures if not f.done()]) >= room:
+        wait(pending, return_when=FIRST_COMPLETED)
 
-    def __init__(self, contents: dict[str, bytes]) -> None:
+
+class _Streamed:
+    """A reader over the members of one profile, already read from a streamed archive: their
+    bytes, or the file a big one was spilled to (`local_path`: parsers stream it)."""
+
+    def __init__(self, contents: dict[str, bytes | Path]) -> None:
         self.contents = contents
 
     def __call__(self, member: str) -> bytes:
         try:
-            return self.contents[member]
+            data = self.contents[member]
         except KeyError:
             raise TraceError(f"{member}: missing from the archive (truncated?)") from None
+        return data.read_bytes() if isinstance(data, Path) else data
+
+    def local_path(self, member: str) -> Path | None:
+        data = self.contents.get(member)
+        return data if isinstance(data, Path) else None
 
 
-def sources(bundle: Bundle, todo: list[tuple[RankFiles, str]]
-             ) -> Iterator[tuple[RankFiles, str, Callable[[str], bytes]]]:
+def _drop_spilled(read: object) -> None:
+    """Remove the files a streamed profile's big members were spilled to, once parsed."""
+    for data in getattr(read, "contents", {}).values():
+        if isinstance(data, Path):
+            data.unlink(missing_ok=True)
+
+
+def _spilled(data: bytes, folder: Path) -> Path:
+    """`data` in a new private file of `folder`."""
+    fd, name = tempfile.mkstemp(prefix="member-", dir=folder)
+    with os.fdopen(fd, "wb") as file:
+        file.write(data)
+    return Path(name)
+
+
+def sources(bundle: Bundle, todo: list[tuple[RankFiles, str]], spill: Path | None = None
+            ) -> Iterator[tuple[RankFiles, str, Callable[[str], bytes]]]:
     """(profile, cache key, reader) for each profile: direct reads where the bundle allows random
-    access, else one streaming pass over the archive that hands out each profile once complete."""
+    access, else one streaming pass over the archive that hands out each profile once complete
+    (its members of SPILL_BYTES or more written to files in `spill`, when given)."""
     if bundle.random_access:
         for profile, key in todo:
             yield profile, key, bundle.read
         return
     owner = {m: (p, k) for p, k in todo for m in p.files.values()}
-    contents: dict[str, dict[str, bytes]] = {p.root: {} for p, _ in todo}
+    contents: dict[str, dict[str, bytes | Path]] = {p.root: {} for p, _ in todo}
     for member, data in bundle.stream(set(owner)):
         profile, key = owner[member]
         got = contents[profile.root]
-        got[member] = data
+        got[member] = _spilled(data, spill) if spill and len(data) >= SPILL_BYTES else data
+        del data
         if len(got) == len(profile.files):
             yield profile, key, _Streamed(contents.pop(profile.root))
     for profile, key in todo:  # members the archive did not deliver in full
@@ -220,9 +256,14 @@ def parse_in_worker(bundle_path: str, profile: RankFiles) -> ParsedRank:
     return _parse(profile, bundle.read)
 
 
-def parse_bytes(profile: RankFiles, contents: dict[str, bytes]) -> ParsedRank:
-    """Parse a profile whose members' bytes were sent along (a streamed archive)."""
-    return _parse(profile, _Streamed(contents))
+def parse_bytes(profile: RankFiles, contents: dict[str, bytes | Path]) -> ParsedRank:
+    """Parse a profile whose members' bytes (or spilled files) were sent along (a streamed
+    archive)."""
+    read = _Streamed(contents)
+    try:
+        return _parse(profile, read)
+    finally:
+        _drop_spilled(read)
 
 
 def _parse(profile: RankFiles, read: Callable[[str], bytes]) -> ParsedRank:
