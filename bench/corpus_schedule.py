@@ -18,20 +18,25 @@ wait: it comes from the job's code, never from tracegraph.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from statistics import median
+
+from tracegraph.causes import root_of
 
 TRANSFER, COMPUTE, UNRECORDED, INJECTED = "transfer", "compute", "unrecorded", "injected"
 ABSENT = "absent"  # waiting on a rank whose profile is not in the bundle
 BLOCKING = ("p2p", "collective", "wait")
 SIDE = 1000  # lane id of a rank's second thread: SIDE + rank (its main thread's is the rank)
 MIN_WAIT_MS = 0.5  # waits shorter than this in the replay are not listed
+STRAGGLER_RATIO = 2.0  # a rank's declared work in a block this many times its peers' median
 
 
 @dataclass(frozen=True)
 class Act:
     """One thing a rank's program does, in order."""
 
-    kind: str  # step | compute | sleep | p2p | collective | wait
+    kind: str  # step | compute | sleep | p2p | collective | wait (for an async p2p / collective)
     step: int
     where: tuple[str, ...]  # the record_function annotations around it, outermost first
     thread: int = 0  # 0: the rank's main thread; 1: a second thread (lane SIDE + rank)
@@ -39,11 +44,12 @@ class Act:
     injection: int = -1  # sleep: index of the case's injection
     sends: tuple[int, ...] = ()  # p2p: lanes it sends to (another rank's main thread: the
     recvs: tuple[int, ...] = ()  # rank) and receives from; fork / join: its own other thread
-    members: tuple[int, ...] = ()  # collective: its group's global ranks
-    comm: str = ""  # collective: allreduce | alltoall
-    handle: int = -1  # async collective (and the wait for it): an id unique on the rank
-    blocking: bool = True  # collective: synchronous, or launched async (then a `wait` act)
+    members: tuple[int, ...] = ()  # collective, p2p, wait: its group's global ranks
+    comm: str = ""  # collective: allreduce | alltoall; p2p: send | recv | exchange | fork | join
+    handle: int = -1  # async p2p / collective (and the wait for it): an id unique on the rank
+    blocking: bool = True  # p2p / collective: synchronous, or launched async (then a `wait`)
     category: str = ""  # the category its transfer is charged to (comm acts)
+    group: str = ""  # comm acts: its group's desc (with `members`, it names the group)
 
 
 @dataclass
@@ -72,6 +78,10 @@ class Piece:
         return self.end - self.start
 
 
+Recorded = Callable[[int, "Timed", tuple], "float | None"]
+"""When the recording shows a lane's act posting its half of a P2P match (None: not shown)."""
+
+
 @dataclass
 class Replay:
     """Every lane's program with replayed times, and each rank's profile window."""
@@ -80,6 +90,12 @@ class Replay:
     window: dict[int, tuple[float, float]]  # rank -> (start, end)
     posts: dict[tuple, dict[int, float]] = field(default_factory=dict)
     transfer: dict[tuple, float] = field(default_factory=dict)  # collective key -> its ms
+    posted_by: dict[tuple, dict[int, Timed]] = field(default_factory=dict)  # key -> lane -> act
+    recorded: Recorded | None = None  # when the files show a P2P half posted (breaks ties)
+
+    def released(self, key: tuple) -> float:
+        """When a match completed: its last party's post, plus a collective's transfer."""
+        return max(self.posts[key].values()) + self.transfer.get(key, 0.0)
 
 
 def rank_of(lane: int) -> int:
@@ -104,7 +120,7 @@ def replay(programs: dict[int, list[Act]], profiled: list[int]) -> Replay:
     clock = dict.fromkeys(programs, 0.0)
     pc = dict.fromkeys(programs, 0)
     timeline: dict[int, list[Timed]] = {r: [] for r in programs}
-    handles: dict[tuple[int, int], tuple] = {}
+    handles: dict[tuple[int, int], tuple[tuple, ...]] = {}
     while any(pc[r] < len(programs[r]) for r in programs):
         moved = False
         for r, acts in programs.items():
@@ -114,13 +130,13 @@ def replay(programs: dict[int, list[Act]], profiled: list[int]) -> Replay:
                     posts[key].setdefault(r, now)
                     if act.kind == "collective":
                         transfer[key] = max(transfer.get(key, 0.0), act.ms)
-                if act.kind == "collective" and not act.blocking:
-                    handles[rank_of(r), act.handle] = mine[0]
+                if act.kind in ("collective", "p2p") and not act.blocking:
+                    handles[rank_of(r), act.handle] = mine
                     timeline[r].append(Timed(act, now, now, mine))
                     pc[r] += 1
                     moved = True
                     continue
-                waits_for = (handles[rank_of(r), act.handle],) if act.kind == "wait" else mine
+                waits_for = handles[rank_of(r), act.handle] if act.kind == "wait" else mine
                 ends = [_completion(key, posts, transfer, programs, done) for key in waits_for]
                 if any(e is None for e in ends):
                     break
@@ -132,7 +148,13 @@ def replay(programs: dict[int, list[Act]], profiled: list[int]) -> Replay:
         if not moved:
             stuck = {r: programs[r][pc[r]] for r in programs if pc[r] < len(programs[r])}
             raise RuntimeError(f"the schedule deadlocks: {stuck}")
-    return Replay(timeline, _windows(timeline, profiled), dict(posts), transfer)
+    posted_by: dict[tuple, dict[int, Timed]] = defaultdict(dict)
+    for lane, timed_acts in timeline.items():
+        for timed in timed_acts:
+            if timed.act.kind != "wait":  # a wait's keys are its launch's
+                for key in timed.keys:
+                    posted_by[key][lane] = timed
+    return Replay(timeline, _windows(timeline, profiled), dict(posts), transfer, dict(posted_by))
 
 
 def _keys(programs: dict[int, list[Act]]) -> dict[int, list[tuple]]:
@@ -215,11 +237,7 @@ def _waited(rp: Replay, lane: int, timed: Timed, a: float, b: float, out: list[P
     party did; then the transfer. `trail`: the path and comm categories that led here."""
     if b <= a or len(trail.path) > 200:
         return
-    last, last_post = lane, timed.start
-    for key in timed.keys:
-        for other, t in rp.posts[key].items():
-            if other != lane and t > last_post:
-                last, last_post = other, t
+    last, last_post = _last_party(rp, lane, timed)
     via = tuple(dict.fromkeys((*trail.via, timed.act.category) if timed.act.category
                               else trail.via))
     path = trail.path if rank_of(last) == trail.path[-1] else (*trail.path, rank_of(last))
@@ -232,6 +250,29 @@ def _waited(rp: Replay, lane: int, timed: Timed, a: float, b: float, out: list[P
     if b > max(a, last_post):
         out.append(Piece(TRANSFER, rank_of(lane), max(a, last_post), b,
                          category=timed.act.category, path=trail.path, via=via))
+
+
+def _last_party(rp: Replay, lane: int, timed: Timed) -> tuple[int, float]:
+    """The party of a blocking act posting last, and when. Halves of a batched P2P call whose
+    peers post within MIN_WAIT_MS of each other in the replay tie (the schedule does not say
+    which came last): the recording decides, where it shows every tied post."""
+    last, last_post, last_key = lane, timed.start, None
+    for key in timed.keys:
+        for other, t in rp.posts[key].items():
+            if other != lane and t > last_post:
+                last, last_post, last_key = other, t, key
+    if last_key is None or last_key[0] != "p2p" or rp.recorded is None:
+        return last, last_post
+    tied = [(other, key) for key in timed.keys if key[0] == "p2p"
+            for other, t in rp.posts[key].items()
+            if other not in (lane, last) and t >= last_post - MIN_WAIT_MS]
+    if not tied:
+        return last, last_post
+    candidates = [(last, last_key), *tied]
+    seen = [rp.recorded(other, rp.posted_by[key][other], key) for other, key in candidates]
+    if None in seen:
+        return last, last_post
+    return candidates[seen.index(max(seen))][0], last_post
 
 
 def _ran(rp: Replay, lane: int, a: float, b: float, out: list[Piece], trail: Piece,
@@ -257,12 +298,18 @@ def _ran(rp: Replay, lane: int, a: float, b: float, out: list[Piece], trail: Pie
 
 
 # --- the waits ground_truth.json states ---------------------------------------------------------
+GroupName = Callable[[str, tuple[int, ...]], "str | None"]
+"""A group's name (torch's pg_name) from its desc and members."""
+
+
 def stated_waits(rp: Replay, profiled: list[int], injections: list[dict], idle: str,
-                 absent: set[int] = frozenset()) -> list[dict]:
+                 absent: set[int] = frozenset(), group_name: GroupName | None = None
+                 ) -> list[dict]:
     """Every wait of a profiled step longer than MIN_WAIT_MS in the replay, and every injected
     host stall, with what explains it. `injections`: ground_truth.json's; `idle`: the category of
     waiting on a peer's work (pipeline_fill with a pipeline, peer_compute without); `absent`:
-    ranks not in the bundle (a wait on one is the comm's, with the rank to profile)."""
+    ranks not in the bundle (a wait on one is the comm's, with the rank to profile);
+    `group_name`: names the group of each communication (None: no `group` stated)."""
     out = []
     for rank, timeline in sorted(rp.timeline.items()):
         if rank >= SIDE:  # bubbles are measured on main threads
@@ -278,7 +325,55 @@ def stated_waits(rp: Replay, profiled: list[int], injections: list[dict], idle: 
                                 path=(rank,))]
             else:
                 continue
-            out.append(_stated(rank, timed, pieces, injections, idle))
+            wait = _stated(rank, timed, pieces, injections, idle)
+            if group_name is not None:
+                wait["group"] = group_name(act.group, act.members) if act.group else None
+            out.append({**wait, **_halves(rp, rank, timed)})
+    return out
+
+
+def _halves(rp: Replay, lane: int, timed: Timed) -> dict:
+    """A P2P call of several halves (a batch_isend_irecv): each half's peer, when it was released
+    (ms after the call was posted) and by which of the peer's calls; `bound`: the half released
+    last, which held the call (None when another half was released within MIN_WAIT_MS of it)."""
+    p2p = [key for key in timed.keys if key[0] == "p2p"]
+    if len(p2p) < 2:
+        return {}
+    halves = []
+    for key in p2p:
+        send = key[1] == lane
+        peer = key[2] if send else key[1]
+        by = rp.posted_by[key][peer].act
+        halves.append({"half": "send" if send else "recv", "peer": rank_of(peer),
+                       "released_ms": round(rp.released(key) - timed.start, 1),
+                       "by": {"step": by.step, "where": list(by.where)}})
+    last, *others = sorted(halves, key=lambda h: -h["released_ms"])
+    alone = last["released_ms"] - others[0]["released_ms"] >= MIN_WAIT_MS
+    return {"halves": halves,
+            "bound": {"half": last["half"], "peer": last["peer"]} if alone else None}
+
+
+def stragglers(programs: dict[int, list[Act]], profiled: list[int]) -> list[dict]:
+    """Per profiled step, the ranks whose declared work and injected sleeps in an outermost
+    annotation (FWD, BWD, ...) are at least STRAGGLER_RATIO times their peers' median there,
+    where the peers declare work of their own in it (without, "usual" is not known)."""
+    declared: dict[tuple[int, str], dict[int, float]] = defaultdict(dict)
+    for lane, acts in programs.items():
+        if lane >= SIDE:
+            continue
+        for act in acts:
+            if act.kind in ("compute", "sleep") and act.where and act.step in profiled:
+                block = declared[act.step, act.where[0]]
+                block[lane] = block.get(lane, 0.0) + act.ms
+    out = []
+    for (step, block), ms in sorted(declared.items()):
+        for rank, mine in sorted(ms.items()):
+            peers = [ms.get(r, 0.0) for r in programs if r < SIDE and r != rank]
+            usual = median(peers) if peers else 0.0
+            if usual > 0 and mine >= STRAGGLER_RATIO * usual:
+                out.append({"step": step, "rank": rank, "annotation": block, "ms": round(mine, 1),
+                            "peers_median_ms": round(usual, 1),
+                            "ratio": round(mine / usual, 2)})
     return out
 
 
@@ -290,13 +385,15 @@ def _stated(rank: int, timed: Timed, pieces: list[Piece], injections: list[dict]
                 UNRECORDED: "unknown"}[p.cause]
 
     totals: dict[tuple[str, int, str], float] = defaultdict(float)
+    grouped: dict[tuple[str, int, str], list[Piece]] = defaultdict(list)
     for p in pieces:
         totals[p.cause, p.rank, category(p)] += p.ms
-    by_category: dict[str, float] = defaultdict(float)
-    for (_, _, cat), ms in totals.items():
-        by_category[cat] += ms
-    dominant = max(by_category, key=by_category.get)
-    origin = min((p for p in pieces if category(p) == dominant), key=lambda p: p.start)
+        grouped[p.cause, p.rank, category(p)].append(p)
+    keys = list(grouped)  # the causes, by origin; the root is tracegraph's rule, not its output
+    root = keys[root_of([(totals[k], min(p.start for p in grouped[k])) for k in keys],
+                        timed.end - timed.start)]
+    dominant = root[2]
+    origin = max(grouped[root], key=lambda p: p.ms)
     act = timed.act
     return {
         "rank": rank, "step": act.step, "where": list(act.where),

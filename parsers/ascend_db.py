@@ -7,28 +7,20 @@ their comm name (the group is its `double_hash`, as the text files write it), th
 COMMUNICATION_TASK_INFO joined to TASK for times, host calls CANN_API and PYTORCH_API, steps
 PYTORCH_API's ProfilerStep#N or STEP_TIME; the memory tables give the memory rows
 (`parsers.ascend_memory`, as the memory CSVs do). The rows are built as the trace_view.json reader
-builds them (`parsers.ascend_rows`), so both give the same events. A directory's database is
-opened in place, read only (`mode=ro`; `immutable=1` where its folder is read-only or it is in
-WAL mode, so nothing is ever written beside it); an archive member from a private temporary copy
-that is removed after. Which tables and columns are read is checked first: a database lacking
-one gets one line naming it.
+builds them (`parsers.ascend_rows`), so both give the same events. The database is opened read
+only and never written beside (`parsers.sqlite_file`). Which tables and columns are read is
+checked first: a database lacking one gets one line naming it.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import sqlite3
-import tempfile
 from collections.abc import Iterator
-from contextlib import closing, contextmanager
-from dataclasses import dataclass, field
-from pathlib import Path
+from contextlib import contextmanager
 
 import numpy as np
 import pandas as pd
 
-from parsers import ascend_layout, ascend_memory
+from parsers import ascend_layout, ascend_memory, sqlite_file
 from parsers.ascend_comm import load_side, resolve_rank, stated_metadata
 from parsers.ascend_rows import (
     Context,
@@ -50,11 +42,11 @@ from parsers.ascend_rows import (
     stepped,
     thread_lane,
 )
-from parsers.base import Format, ParsedRank, RankFiles, Reader, TraceError, local_path
+from parsers.base import Format, ParsedRank, RankFiles, Reader, TraceError
 from parsers.classify import comm_type, double_hash
+from parsers.sqlite_file import Database
 from tracegraph.schema import COMM, COMM_TASK, HOST, MARKER, NO_INT, THREAD
 
-SQLITE_MAGIC = b"SQLite format 3\x00"
 KNOWN_MAJOR = 1  # META_DATA SCHEMA_VERSION_MAJOR this reader was written against
 REQUIRED = {"STRING_IDS": ("id", "value"),
             "TASK": ("startNs", "endNs", "connectionId", "globalTaskId", "taskType", "streamId")}
@@ -86,111 +78,16 @@ QUERY_ROWS = 1 << 16  # rows fetched from SQLite at once
 # --- opening ---------------------------------------------------------------------------------
 
 
-@dataclass
-class Database:
-    """An open profiler database, its tables (name -> columns), META_DATA and schema version."""
-
-    conn: sqlite3.Connection
-    where: str  # the member, for messages
-    tables: dict[str, set[str]]
-    stated: dict[str, str] = field(default_factory=dict)  # META_DATA
-    version: str = ""
-
-    def has(self, table: str, *columns: str) -> bool:
-        """Whether the database has `table` with every one of `columns`."""
-        return table in self.tables and set(columns) <= self.tables[table]
-
-    def query(self, sql: str) -> pd.DataFrame:
-        """The rows of `sql` as a DataFrame, fetched QUERY_ROWS at a time (each batch of Python
-        rows turned into columns before the next is fetched); TraceError (naming the file) when
-        SQLite fails."""
-        try:
-            cursor = self.conn.execute(sql)
-            columns = [c[0] for c in cursor.description]
-            parts = [pd.DataFrame(batch, columns=columns)
-                     for batch in iter(lambda: cursor.fetchmany(QUERY_ROWS), [])]
-        except sqlite3.Error as err:
-            raise TraceError(f"{self.where}: {_sqlite_problem(err)}") from None
-        return pd.concat(parts, ignore_index=True) if len(parts) > 1 else \
-            parts[0] if parts else pd.DataFrame(columns=columns)
-
-    def values(self, table: str) -> dict[str, str]:
-        """A (name, value) table such as META_DATA as a dict."""
-        if not self.has(table, "name", "value"):
-            return {}
-        rows = self.query(f"SELECT name, value FROM {table}")
-        return {str(k): str(v) for k, v in zip(rows["name"], rows["value"], strict=True)}
-
-
 @contextmanager
 def opened(member: str, read: Reader) -> Iterator[Database]:
-    """The database `member`, checked and open read only (see the module's docstring)."""
-    path = local_path(read, member)
-    if path is not None:
-        _check_header(_head(path), member)
-        with _connected(path, member, immutable=_immutable(path)) as db:
-            yield db
-        return
-    data = read(member)
-    _check_header(data[:100], member)
-    with _private_copy(data, member) as copy, _connected(copy, member, immutable=True) as db:
-        yield db
-
-
-def _head(path: Path) -> bytes:
-    with path.open("rb") as file:
-        return file.read(100)
-
-
-def _check_header(head: bytes, where: str) -> None:
-    if not head:
-        raise TraceError(f"{where}: empty file, not an SQLite database")
-    if not head.startswith(SQLITE_MAGIC):
-        raise TraceError(f"{where}: not an SQLite database (no 'SQLite format 3' header)")
-
-
-def _immutable(path: Path) -> bool:
-    """Open without locking (and so without ever writing beside the file) where that is safe or
-    needed: a read-only folder, or a WAL database (whose readers create -shm files)."""
-    wal = _head(path)[18:20] == b"\x02\x02"
-    return wal or not os.access(path.parent, os.W_OK)
-
-
-@contextmanager
-def _private_copy(data: bytes, where: str) -> Iterator[Path]:
-    """`data` in a file of a fresh private (0700) temporary folder, removed on exit; refused
-    when the temporary space cannot hold it."""
-    with tempfile.TemporaryDirectory(prefix="tracegraph-db-") as folder:
-        free = shutil.disk_usage(folder).free
-        if len(data) > free:
-            raise TraceError(f"{where}: {len(data) >> 20} MiB database, only {free >> 20} MiB "
-                             f"free in the temporary folder {folder}")
-        copy = Path(folder) / "profile.db"
-        fd = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as file:
-            file.write(data)
-        yield copy
-
-
-@contextmanager
-def _connected(path: Path, where: str, immutable: bool) -> Iterator[Database]:
-    uri = path.resolve().as_uri() + "?mode=ro" + ("&immutable=1" if immutable else "")
-    try:
-        conn = sqlite3.connect(uri, uri=True, timeout=2.0, check_same_thread=False)
-    except sqlite3.Error as err:
-        raise TraceError(f"{where}: cannot open ({_sqlite_problem(err)})") from None
-    with closing(conn):
-        conn.execute("PRAGMA trusted_schema = OFF")  # a hostile schema runs no function
-        db = Database(conn, where, {})
-        db.tables = _tables(db)
+    """The database `member`, checked and open read only (see `parsers.sqlite_file`)."""
+    with sqlite_file.opened(member, read, _read_table) as db:
         _check_schema(db)
         yield db
 
 
-def _tables(db: Database) -> dict[str, set[str]]:
-    names = db.query("SELECT name FROM sqlite_master WHERE type = 'table'")["name"]
-    return {name: set(db.query(f"PRAGMA table_info('{name}')")["name"]) for name in names
-            if name in REQUIRED or name in OPTIONAL or name in ascend_memory.DB_READ}
+def _read_table(name: str) -> bool:
+    return name in REQUIRED or name in OPTIONAL or name in ascend_memory.DB_READ
 
 
 def _check_schema(db: Database) -> None:
@@ -206,15 +103,6 @@ def _check_schema(db: Database) -> None:
         missing = [c for c in columns if name in db.tables and c not in db.tables[name]]
         if missing:
             raise TraceError(f"{db.where}: table {name} has no column {missing[0]}{seen}")
-
-
-def _sqlite_problem(err: sqlite3.Error) -> str:
-    text = str(err)
-    if "locked" in text or "busy" in text:
-        return f"{text}: another process holds it (is the profiler still writing it?)"
-    if "not a database" in text or "malformed" in text:
-        return f"{text}: damaged or not an SQLite database"
-    return text
 
 
 # --- parsing ---------------------------------------------------------------------------------
@@ -311,14 +199,15 @@ def _framework_frame(db: Database) -> pd.DataFrame:
         rows = db.query(
             "SELECT CAST(p.startNs AS INTEGER) AS start_ns, CAST(p.endNs AS INTEGER) AS end_ns, "
             "p.globalTid AS tid, COALESCE(s.value, '') AS name, p.type AS type "
-            "FROM PYTORCH_API p LEFT JOIN STRING_IDS s ON s.id = p.name")
+            "FROM PYTORCH_API p LEFT JOIN STRING_IDS s ON s.id = p.name",
+            batch=QUERY_ROWS)
         levels = _api_levels(db, rows["type"])
         marker = rows["name"].str.startswith("ProfilerStep#") | (levels == "mstx")
         parts.append(_host_rows(rows).assign(kind=np.where(marker, MARKER, HOST)))
     if "MSTX_EVENTS" in db.tables:
         rows = db.query("SELECT m.startNs AS start_ns, m.endNs AS end_ns, m.globalTid AS tid, "
                         "COALESCE(s.value, '') AS name FROM MSTX_EVENTS m "
-                        "LEFT JOIN STRING_IDS s ON s.id = m.message")
+                        "LEFT JOIN STRING_IDS s ON s.id = m.message", batch=QUERY_ROWS)
         parts.append(_host_rows(rows).assign(kind=MARKER))
     frame = concat(parts)
     return concat([frame, _step_time_frame(db, frame)])
@@ -362,7 +251,7 @@ def _cann_frame(db: Database, ctx: Context) -> pd.DataFrame:
     rows = db.query("SELECT c.startNs AS start_ns, c.endNs AS end_ns, c.globalTid AS tid, "
                     "c.connectionId AS correlation, c.type AS type, "
                     "COALESCE(s.value, '') AS api FROM CANN_API c "
-                    "LEFT JOIN STRING_IDS s ON s.id = c.name")
+                    "LEFT JOIN STRING_IDS s ON s.id = c.name", batch=QUERY_ROWS)
     levels = _api_levels(db, rows["type"])
     prefix = levels.map(API_PREFIX).fillna(levels.str.capitalize())
     frame = _host_rows(rows.assign(name=prefix + "@" + rows["api"]))
@@ -386,7 +275,8 @@ def _device_frame(db: Database, op_conns: set[int]) -> pd.DataFrame:
         f"SELECT t.startNs AS start_ns, t.endNs AS end_ns, t.streamId AS stream, "
         f"t.connectionId AS correlation, COALESCE(y.value, '') AS task_type, "
         f"COALESCE({kernel}, y.value, '') AS name, {copied} AS bytes "
-        f"FROM TASK t LEFT JOIN STRING_IDS y ON y.id = t.taskType{joins}")
+        f"FROM TASK t LEFT JOIN STRING_IDS y ON y.id = t.taskType{joins}",
+        batch=QUERY_ROWS)
     frame = pd.DataFrame({
         "name": rows["name"].astype(str), "start_ns": _ints(rows["start_ns"]),
         "dur_ns": np.maximum(_ints(rows["end_ns"]) - _ints(rows["start_ns"]), 0),
@@ -415,7 +305,7 @@ def _op_frame(db: Database) -> pd.DataFrame:
         f"COALESCE(y.value, '') AS op_type, {dtype[0]} AS dtype{extra} "
         f"FROM COMMUNICATION_OP o LEFT JOIN STRING_IDS n ON n.id = o.opName "
         f"LEFT JOIN STRING_IDS g ON g.id = o.groupName "
-        f"LEFT JOIN STRING_IDS y ON y.id = o.opType{dtype[1]}")
+        f"LEFT JOIN STRING_IDS y ON y.id = o.opType{dtype[1]}", batch=QUERY_ROWS)
     frame = pd.DataFrame({
         "op_id": _ints(rows["op_id"]), "name": rows["name"].astype(str),
         "start_ns": _ints(rows["start_ns"]),
@@ -451,7 +341,7 @@ def _task_frame(db: Database, ops: pd.DataFrame) -> pd.DataFrame:
         "COALESCE(g.value, '') AS comm_name, t.startNs AS start_ns, t.endNs AS end_ns "
         "FROM COMMUNICATION_TASK_INFO c JOIN TASK t ON t.globalTaskId = c.globalTaskId "
         "LEFT JOIN STRING_IDS y ON y.id = c.taskType "
-        "LEFT JOIN STRING_IDS g ON g.id = c.groupName")
+        "LEFT JOIN STRING_IDS g ON g.id = c.groupName", batch=QUERY_ROWS)
     position = pd.Series(np.arange(len(ops)), index=ops["op_id"].to_numpy())
     op = rows["op_id"].map(position).fillna(NO_INT).astype(np.int64).to_numpy()
     own = op >= 0

@@ -15,7 +15,7 @@ from __future__ import annotations
 import posixpath
 import re
 from collections import defaultdict
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 
 from parsers.ascend_memory import ROLES as MEMORY_ROLES
 from parsers.base import Found, RankFiles, Sniff, name_rank
@@ -104,7 +104,7 @@ def find(names: list[str], sniffs: dict[str, Sniff], label: str, notes: list[str
     found = [p for root in sorted(owned) if (p := _profile(root, owned[root], sniffs, notes))]
     alone = [name for name in loose if name in sniffs and sniffs[name].profile]
     found += [_single(name, sniffs[name]) for name in alone]
-    return _latest_per_rank(found, notes), [name for name in loose if name not in alone]
+    return latest_per_rank(found, notes), [name for name in loose if name not in alone]
 
 
 def _single(name: str, said: Sniff) -> RankFiles:
@@ -200,24 +200,27 @@ def _natural(text: str) -> list[int | str]:
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text)]
 
 
-def _latest_per_rank(profiles: list[RankFiles], notes: list[str]) -> list[RankFiles]:
-    """One Ascend profile per rank: the latest by its folder's timestamp, as msprof-analyze does."""
+def latest_per_rank(profiles: list[RankFiles], notes: list[str],
+                    stamp: Callable[[str], int] | None = None) -> list[RankFiles]:
+    """One Ascend profile per rank: the latest by its folder's timestamp (`stamp` of its root,
+    default `timestamp`), as msprof-analyze does."""
+    stamp = stamp or timestamp
     by_rank: dict[int | None, list[RankFiles]] = defaultdict(list)
     for profile in profiles:
         by_rank[profile.rank].append(profile)
     kept = by_rank.pop(None, [])
     for rank, group in by_rank.items():
-        latest = max(group, key=lambda p: (_timestamp(p.root), p.root))
+        latest = max(group, key=lambda p: (stamp(p.root), p.root))
         kept.append(latest)
         if len(group) > 1:
-            why = ("the latest by folder timestamp" if _timestamp(latest.root) >= 0 else
+            why = ("the latest by folder timestamp" if stamp(latest.root) >= 0 else
                    "the last by name (no timestamp in the folder names)")
             notes.append(f"rank {rank} has {len(group)} Ascend profiles "
                          f"({', '.join(p.root for p in group)}); kept {latest.root}, {why}")
     return kept
 
 
-def _timestamp(root: str) -> int:
+def timestamp(root: str) -> int:
     """The timestamp in `{worker}_{timestamp}_ascend_pt` or `PROF_{n}_{timestamp}_{x}`, else -1."""
     parts = posixpath.basename(root).split("_")
     field = -3 if _ASCEND_DIR.search(root) else -2 if parts[0] == "PROF" else None

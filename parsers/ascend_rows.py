@@ -406,6 +406,13 @@ class Rows:
         return pa.table(columns, names=names)
 
 
+def table(frame: pd.DataFrame, rank: int) -> pa.Table:
+    """The EVENTS table of one frame's rows, as `Rows` makes it."""
+    rows = Rows()
+    rows.add(frame)
+    return rows.table(rank)
+
+
 def _chunk(frame: pd.DataFrame) -> pa.Table:
     """A complete frame's rows as a table of IN_MEMORY_EVENTS (rank left unset)."""
     ints = schema.events_table({c: frame[c].to_numpy() for c in _INT_COLUMNS if c != "rank"},

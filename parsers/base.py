@@ -106,7 +106,8 @@ class Format:
 
     While a bundle is listed, each member's first bytes go to the formats (in `FORMATS` order)
     that `wants` them, up to the first format that `encloses` the member. Then each format in
-    turn takes its profiles from the members the earlier formats left (`find`).
+    turn takes its profiles from the members the earlier formats left (`find`), and a format that
+    can hold several ranks in one profile reads it to split it (`split`).
     """
 
     name: str  # RankFiles.format
@@ -118,6 +119,15 @@ class Format:
     # may be one such file; unclaimed members so named are reported as ignored)
     find: Finder | None = None  # None: each member `sniff` calls a profile is one rank
     encloses: Callable[[str], bool] = _never  # by its path, the member lies in one of its profiles
+    split: Callable[[RankFiles, Reader], list[RankFiles]] | None = None  # a profile holding
+    # several ranks (an export of a node's processes) -> one profile per rank, reading it
+    profiler: str = ""  # how users name its profiles ("Nsight Systems"); "" for the name's first
+    # word ("ascend_db" -> "Ascend")
+
+    @property
+    def family(self) -> str:
+        """How users name this format's profiles, in messages."""
+        return self.profiler or self.name.partition("_")[0].capitalize()
 
 
 def name_rank(name: str) -> int | None:

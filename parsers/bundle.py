@@ -75,6 +75,7 @@ def open_bundle(path: str | Path, limits: Limits | None = None) -> Bundle:
     try:
         sniffs = source.scan(_wanted, _sniff)
         profiles, notes = discover(list(source.members), sniffs, path.resolve().name)
+        profiles = split(profiles, MemberReader(source))
         if not profiles:
             raise _nothing_found(path, source.warnings)
     except BaseException:
@@ -85,8 +86,9 @@ def open_bundle(path: str | Path, limits: Limits | None = None) -> Bundle:
 
 
 def _nothing_found(path: Path, warnings: list[str]) -> TraceError:
-    families = dict.fromkeys(fmt.name.partition("_")[0].capitalize() for fmt in formats.FORMATS)
-    kinds = " or ".join(families)
+    families = list(dict.fromkeys(fmt.family for fmt in formats.FORMATS))
+    kinds = " or ".join(families) if len(families) < 3 else (
+        f"{', '.join(families[:-1])} or {families[-1]}")
     looked_for = ", ".join(fmt.looked_for for fmt in formats.FORMATS if fmt.looked_for)
     why = "".join(f"; {w}" for w in warnings[:1]) + (
         f" (and {len(warnings) - 1} more)" if len(warnings) > 1 else "")
@@ -146,12 +148,22 @@ def discover(names: list[str], sniffs: Sniffs,
     return [replace(p, root=printable(p.root)) for p in profiles], notes
 
 
+def split(profiles: list[RankFiles], read: MemberReader) -> list[RankFiles]:
+    """`profiles` with each that holds several ranks (a format's `split`) split into them."""
+    out = []
+    for profile in profiles:
+        fmt = formats.named(profile.format)
+        parts = fmt.split(profile, read) if fmt is not None and fmt.split else [profile]
+        out += [replace(p, root=printable(p.root)) for p in parts]
+    return sorted(out, key=lambda p: (p.rank is None, p.rank or 0, p.root))
+
+
 def _ignored(names: list[str]) -> dict[str, list[str]]:
     """The members left over that are named like one-file profiles, by kind (JSON, database)."""
     found: dict[str, list[str]] = {}
     for name in names:
         if name.lower().endswith(_suffixes()):
-            kind = "database" if name.lower().endswith(".db") else "JSON"
+            kind = "JSON" if ".json" in name.lower() else "database"
             found.setdefault(kind, []).append(name)
     return found
 

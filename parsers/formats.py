@@ -7,13 +7,15 @@ format is one module defining `FORMAT = parsers.base.Format(...)` plus one line 
 
 from __future__ import annotations
 
-from parsers import ascend, ascend_db, kineto
+from parsers import ascend, ascend_db, ascend_prof, kineto, nsys
 from parsers.base import Format
 
 FORMATS: tuple[Format, ...] = (
+    ascend_prof.FORMAT,  # before ascend: it takes the PROF_* device folders with timelines
     ascend.FORMAT,
     kineto.FORMAT,
     ascend_db.FORMAT,
+    nsys.FORMAT,
 )
 
 

@@ -38,6 +38,7 @@ import pyarrow.compute as pc
 from parsers.base import Format, GroupInfo, ParsedRank, RankFiles, Reader, Sniff, TraceError
 from parsers.classify import P2P_COMMS, comm_kind, comm_type
 from parsers.groups import Members, global_peers, own_groups
+from parsers.intervals import cover
 from parsers.values import (
     LABEL_LIMIT,
     UNREADABLE,
@@ -336,43 +337,6 @@ _RELATIVE_BELOW_NS = 10**17  # ~3 years after the epoch: such ts count from base
 _LATEST_BASE_NS = 1 << 62  # ~2116
 
 
-# --- interval lookups ------------------------------------------------------------------------
-def _innermost(starts: list[int], ends: list[int]) -> tuple[np.ndarray, np.ndarray]:
-    """Cut (nested) intervals into segments: boundary times and, from each boundary on, the
-    innermost interval still open (-1 for none)."""
-    times: list[int] = []
-    labels: list[int] = []
-    stack: list[int] = []
-
-    def close(upto: float) -> None:
-        while stack and ends[stack[-1]] <= upto:
-            top = stack.pop()
-            while stack and ends[stack[-1]] <= ends[top]:  # partial overlaps ended earlier
-                stack.pop()
-            times.append(ends[top])
-            labels.append(stack[-1] if stack else -1)
-
-    for i in sorted(range(len(starts)), key=lambda k: (starts[k], -ends[k])):
-        close(starts[i])
-        stack.append(i)
-        times.append(starts[i])
-        labels.append(i)
-    close(float("inf"))
-    return np.array(times, dtype=np.int64), np.array(labels, dtype=np.int64)
-
-
-def _cover(rows: np.ndarray, starts: np.ndarray, ends: np.ndarray, at: np.ndarray
-           ) -> np.ndarray:
-    """For each time in `at`, the row of the innermost interval covering it (-1 if none);
-    interval k is rows[k], starts[k]..ends[k]."""
-    if not len(rows):
-        return np.full(len(at), -1, dtype=np.int64)
-    times, labels = _innermost(starts.tolist(), ends.tolist())
-    pos = np.searchsorted(times, at, side="right") - 1
-    label = np.where(pos >= 0, labels[pos.clip(0)], -1)
-    return np.where(label >= 0, rows[label.clip(0)], -1)
-
-
 # --- the rank's columns ----------------------------------------------------------------------
 _PH, _CAT, _NAME, _TS, _DUR, _TID, _PID, _CORRELATION, _AUTOGRAD = map(attrgetter, (
     "ph", "cat", "name", "ts", "dur", "tid", "pid", "args.correlation", "args.autograd_seq"))
@@ -514,7 +478,7 @@ class _Rank:
         for thread in np.unique(self.thread[outer]):
             mine = outer[self.thread[outer] == thread]
             on = self.thread[inner] == thread
-            found[on] = _cover(mine, self.start[mine], self.end[mine], self.start[inner[on]])
+            found[on] = cover(mine, self.start[mine], self.end[mine], self.start[inner[on]])
         return found
 
     def set_comm(self, row: int, comm: str, group: str = "", peer: int = NO_INT,
@@ -859,12 +823,12 @@ def _context(r: _Rank) -> tuple[np.ndarray, pa.Array]:
                     | r.prefixed("nccl:"))[users]]
     step_no = np.full(r.n + 1, NO_INT, dtype=np.int64)
     step_no[steps] = [int64(int(m[1])) for m in marks if m]
-    step = step_no[_cover(steps, r.start[steps], r.end[steps], r.start)]
+    step = step_no[cover(steps, r.start[steps], r.end[steps], r.start)]
     label = np.full(r.n, -1, dtype=np.int64)
     host = np.flatnonzero(~r.device)
     own = np.isin(r.thread[host], r.thread[users])
     label[host[own]] = r.enclosing(users, host[own])
-    label[host[~own]] = _cover(users, r.start[users], r.end[users], r.start[host[~own]])
+    label[host[~own]] = cover(users, r.start[users], r.end[users], r.start[host[~own]])
     child = np.flatnonzero(r.parent >= 0)
     step[child], label[child] = step[r.parent[child]], label[r.parent[child]]
     label[r.device & (r.parent < 0)] = -1

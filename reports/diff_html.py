@@ -1,6 +1,8 @@
-"""The HTML diff: the before and after waterfalls of a representative step drawn over the same time
-span (each from its own step start), and bubble time per root cause side by side. One
-self-contained page (plotly.js inlined once); the waterfalls are `reports.waterfall`'s."""
+"""The HTML diff: the verdict with its interval and p-value, the before and after waterfalls of a
+representative step drawn over the same time span (each from its own step start; with several
+runs per side, of the run closest to the side's step time), bubble time per root cause side by
+side, and a table of the changes. One self-contained page (plotly.js inlined once); the waterfalls
+are `reports.waterfall`'s."""
 
 from __future__ import annotations
 
@@ -9,7 +11,16 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 
-from reports.markdown import diff_bubble_title, verdict_line
+from reports.markdown import (
+    SPREAD,
+    diff_bubble_title,
+    gate_line,
+    ms,
+    pct,
+    runs_text,
+    spread_cells,
+    verdict_line,
+)
 from reports.waterfall import MAX_SEGMENTS, step_window, waterfall
 from tracegraph.analysis.analyze import Analysis
 from tracegraph.verify import metrics
@@ -35,7 +46,30 @@ def render_diff(before: Analysis, after: Analysis, report: dict[str, object]) ->
     return (f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>tracegraph diff</title>"
             f"</head><body style='font-family:sans-serif'><h2>{title}</h2>"
             f"<p>before <code>{escape(report['before']['source'])}</code> · after "
-            f"<code>{escape(report['after']['source'])}</code></p>\n{body}\n</body></html>\n")
+            f"<code>{escape(report['after']['source'])}</code></p>"
+            f"<p><i>{escape(report['noise']['note'])}; {escape(gate_line(report))}</i></p>"
+            + "".join(f"<p><b>⚠️ {escape(line)}</b></p>" for line in report.get("warnings", []))
+            + f"\n{body}\n{changes_table(report)}\n</body></html>\n")
+
+
+def changes_table(report: dict[str, object]) -> str:
+    """Step time, bubble time per cause and the chains that changed, each with its interval and
+    p-value when the runs give a noise estimate."""
+    estimated = report["noise"]["estimated"]
+    step = report["step_time"]
+    rows = [["step time", "", ms(step["before_ms"]), ms(step["after_ms"]),
+             pct(step["change_pct"]), *spread_cells(step, estimated)]]
+    rows += [["bubbles", r["category"], ms(r["before_ms"]), ms(r["after_ms"]), ms(r["change_ms"]),
+              *spread_cells(r, estimated)] for r in report["bubbles"]]
+    rows += [[f"chain {state}", f"rank {c['rank']} {c['category']} ← rank {c['root']['rank']} "
+              f"{c['root']['op']} (runs {runs_text(c, report)})", ms(c["before_ms"]),
+              ms(c["after_ms"]), ms(c["change_ms"]), *spread_cells(c, estimated)]
+             for state, chains in report["chains"].items() for c in chains]
+    head = ["", "what", "before", "after", "change", *SPREAD[:2 * estimated]]
+    cells = "".join("<tr>" + "".join(f"<td>{escape(str(v))}</td>" for v in row) + "</tr>"
+                    for row in rows)
+    return ("<h3>Changes</h3><table border='1' cellspacing='0' cellpadding='3'><tr>"
+            + "".join(f"<th>{escape(h)}</th>" for h in head) + f"</tr>{cells}</table>")
 
 
 def diff_waterfalls(before: Analysis, after: Analysis) -> list[go.Figure]:

@@ -147,8 +147,8 @@ def _causes(bubbles: list[dict[str, object]]) -> str:
     if not bubbles:
         return "<p class=\"note\">No bubble above the threshold.</p>"
     head = ("<tr><th>#</th><th>category</th><th>ms</th><th>waiting</th><th>at ms</th>"
-            "<th>root rank</th><th>root lane</th><th>root op</th><th>chain</th>"
-            "<th>confidence</th></tr>")
+            "<th>root rank</th><th>root lane</th><th>root op</th><th>also (≥ 5 %)</th>"
+            "<th>chain</th><th>confidence</th></tr>")
     body = []
     for number, b in enumerate(bubbles, start=1):
         root = b["root"] or {}
@@ -159,9 +159,29 @@ def _causes(bubbles: list[dict[str, object]]) -> str:
             f"{b['dur_ms']:.3f}</td><td>rank {b['rank']} · {escape(b['lane'])} · "
             f"{escape(b['name'])}</td><td class=\"n\">{b['start_ms']:.3f}</td>"
             f"<td>{root.get('rank', '')}</td><td>{escape(str(root.get('lane', '')))}</td>"
-            f"<td>{escape(str(root.get('name', '')))}{note}</td>"
+            f"<td>{escape(str(root.get('name', '')))}{note}{_profile(root)}</td>"
+            f"<td>{_other_causes(b)}</td>"
             f"<td>{' → '.join(map(str, b['chain']))}</td>{_confidence_cell(b)}</tr>")
     return f"<table class=\"causes\">{head}{''.join(body)}</table>"
+
+
+def _other_causes(bubble: dict[str, object]) -> str:
+    """The bubble's causes after its root, each with its time, share and origin."""
+    return "<br>".join(
+        f"{cause_label(c['category'])} {c['ms']:.1f} ms ({c['share']:.0%}): rank {c['rank']} · "
+        f"{escape(str(c['name']))}"
+        + (f" · group {escape(str(c['absent_group']))}" if c.get("absent_group") else "")
+        + _profile(c) for c in (bubble.get("causes") or [])[1:])
+
+
+def _profile(cause: dict[str, object]) -> str:
+    """Whom to profile for a cause waiting on ranks absent from the bundle."""
+    ranks = cause.get("profile_ranks") or []
+    if not ranks:
+        return ""
+    shown = ", ".join(map(str, ranks[:8])) + (f" … ({len(ranks)} in all)" if len(ranks) > 8
+                                              else "")
+    return f"<br><span class=\"note\">profile ranks {shown}</span>"
 
 
 def _confidence_cell(bubble: dict[str, object]) -> str:

@@ -12,10 +12,14 @@ from datetime import datetime
 
 from reports.markdown import (
     STATUS_WORDS,
+    gate_line,
+    interval_text,
     ms,
     nothing_verified_line,
+    p_value,
     pct,
     ratio,
+    runs_text,
     verdict_line,
     violation_line,
 )
@@ -59,24 +63,42 @@ def junit_xml(suite: str, cases: list[Case], properties: dict[str, str], output:
     return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
 
 
-def diff_junit(report: dict[str, object], regression_pct: float | None) -> str:
-    """The diff as a suite: step time (fails beyond the regression threshold), bubble time per
-    category, overlap per group kind, then each check on the after profile."""
+def diff_junit(report: dict[str, object]) -> str:
+    """The diff as a suite: step time (fails when it regressed beyond the thresholds), bubble
+    time per category, overlap per group kind, then each check on the after profile. With several
+    runs per side, the step time's and each category's interval and p-value are properties."""
     step = report["step_time"]
     failure = ""
-    if regression_pct is not None and (step["change_pct"] or 0) > regression_pct:
-        failure = f"{verdict_line(report)}: worse by more than {regression_pct:g} %"
+    if report.get("regressed_beyond_threshold"):
+        failure = f"{verdict_line(report)}; {gate_line(report)}"
+    confidence = report["noise"]["confidence"]
     cases = [Case("step_time", f"{CLASSNAME}.diff", failure)]
     cases += [Case(f"bubble.{r['category']}", f"{CLASSNAME}.diff") for r in report["bubbles"]]
     cases += [Case(f"overlap.{r['dim']}", f"{CLASSNAME}.diff") for r in report["overlap"]]
     cases += check_cases([c["after"] for c in report.get("checks", [])], report)
     props = {"verdict": report["verdict"], "step_ms.before": ms(step["before_ms"]),
-             "step_ms.after": ms(step["after_ms"]), "step_change": pct(step["change_pct"])}
-    props |= {f"bubble_ms.{r['category']}": f"{ms(r['before_ms'])} -> {ms(r['after_ms'])}"
-              for r in report["bubbles"]}
+             "step_ms.after": ms(step["after_ms"]), "step_change": pct(step["change_pct"]),
+             "noise": report["noise"]["note"],
+             "runs": f"{len(report['before']['runs'])} before, {len(report['after']['runs'])} "
+                     "after"}
+    props |= _spread("step_change", step, confidence, "%")
+    for r in report["bubbles"]:
+        props[f"bubble_ms.{r['category']}"] = f"{ms(r['before_ms'])} -> {ms(r['after_ms'])}"
+        props |= _spread(f"bubble_ms.{r['category']}", r, confidence, "ms")
     props |= {f"overlap.{r['dim']}": f"{ratio(r['before'])} -> {ratio(r['after'])}"
               for r in report["overlap"]}
     return junit_xml("tracegraph diff", cases, props, _diff_text(report))
+
+
+def _spread(name: str, change: dict[str, object], confidence: float, unit: str
+            ) -> dict[str, str]:
+    """The interval and p-value properties of a change (none without a noise estimate)."""
+    key = "interval_pct" if unit == "%" else "interval_ms"
+    if change[key] is None:
+        return {}
+    low, high = change[key]
+    return {f"{name}.interval": f"{100 * confidence:g} % {low:+g} .. {high:+g} {unit}",
+            f"{name}.p_value": p_value(change["p_value"])}
 
 
 def check_junit(report: dict[str, object]) -> str:
@@ -101,10 +123,17 @@ def check_cases(checks: list[dict[str, object]], report: dict[str, object]) -> l
 
 
 def _diff_text(report: dict[str, object]) -> str:
-    lines = [verdict_line(report)]
+    lines = [verdict_line(report), report["noise"]["note"], gate_line(report),
+             *report.get("warnings", [])]
     lines += [f"rank {r['rank']}: {ms(r['before_ms'])} -> {ms(r['after_ms'])} ms"
               for r in report["ranks"]]
+    confidence = report["noise"]["confidence"]
     lines += [f"{state}: rank {c['rank']} {c['category']} root rank {c['root']['rank']} "
-              f"{c['root']['op']} {ms(c['before_ms'])} -> {ms(c['after_ms'])} ms/step"
+              f"{c['root']['op']} {ms(c['before_ms'])} -> {ms(c['after_ms'])} ms/step, in runs "
+              f"{runs_text(c, report)}{_comma(interval_text(c, confidence))}"
               for state, chains in report["chains"].items() for c in chains]
     return "\n".join(lines)
+
+
+def _comma(text: str) -> str:
+    return f", {text}" if text else ""

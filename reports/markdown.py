@@ -7,7 +7,7 @@ from collections.abc import Iterable, Sequence
 
 STATE_TITLES = {"disappeared": "Chains that disappeared", "shrank": "Chains that shrank",
                 "grew": "Chains that grew", "appeared": "Chains that appeared"}
-VERDICT_MARKS = {"improved": "✅", "unchanged": "➖", "regressed": "❌"}
+VERDICT_MARKS = {"improved": "✅", "unchanged": "➖", "noise": "〰️", "regressed": "❌"}
 STATUS_WORDS = {"pass": "pass", "fail": "FAIL", "not_applicable": "not applicable"}
 NOTHING_VERIFIED = "every check is not applicable to this profile: the gate verified nothing"
 
@@ -26,10 +26,50 @@ def ratio(value: float | None) -> str:
 
 
 def verdict_line(report: dict[str, object]) -> str:
-    """"improved: step time 223.528 → 21.770 ms (-90.3 %)"."""
+    """"improved: step time 223.528 → 21.770 ms (-90.3 %)", with several runs per side
+    "noise: step time 1,083.756 → 1,077.710 ms (-0.6 %, 95 % interval -1.6 … +1.2 %,
+    p = 0.48)"."""
     step = report["step_time"]
-    return (f"{report['verdict']}: step time {ms(step['before_ms'])} → {ms(step['after_ms'])} ms "
-            f"({pct(step['change_pct'])})")
+    spread = interval_text(step, report["noise"]["confidence"], "%")
+    line = (f"{report['verdict']}: step time {ms(step['before_ms'])} → {ms(step['after_ms'])} ms "
+            f"({pct(step['change_pct'])}{', ' + spread if spread else ''})")
+    return line + (": inside the run-to-run noise" if report["verdict"] == "noise" else "")
+
+
+def interval_text(change: dict[str, object], confidence: float, unit: str = "ms") -> str:
+    """"95 % interval -1.6 … +1.2 %, p = 0.48" ("" without a noise estimate); `unit`: % for
+    the relative interval, ms for the absolute one."""
+    low_high = change["interval_pct" if unit == "%" else "interval_ms"]
+    if low_high is None or change["p_value"] is None:
+        return ""
+    low, high = low_high
+    return (f"{100 * confidence:g} % interval {low:+,.{1 if unit == '%' else 3}f} … "
+            f"{high:+,.{1 if unit == '%' else 3}f} {unit}, p = {p_value(change['p_value'])}")
+
+
+def p_value(value: float | None) -> str:
+    """A p-value to two significant digits ("–" for none)."""
+    return "–" if value is None else f"{value:.2g}"
+
+
+def runs_text(chain: dict[str, object], report: dict[str, object]) -> str:
+    """In how many runs of each side a chain holds: "3/3 → 0/3"."""
+    held = chain["runs"]
+    runs = {side: len(report[side]["runs"]) for side in held}
+    return f"{held['before']}/{runs['before']} → {held['after']}/{runs['after']}"
+
+
+def gate_line(report: dict[str, object]) -> str:
+    """What fails the step-time gate, and whether it did."""
+    limit = report.get("fail_on_regression_pct")
+    if limit is None:
+        return "gate: step time not gated (--fail-on-regression off)"
+    floor = report.get("min_regression_ms") or 0.0
+    confident = (f" with {100 * report['noise']['confidence']:g} % confidence"
+                 if report["noise"]["estimated"] else " (one run per side: the point change)")
+    both = f" and {floor:g} ms" if floor else ""
+    result = "failed" if report.get("regressed_beyond_threshold") else "passed"
+    return f"gate: fails on a step time worse by more than {limit:g} %{both}{confident}: {result}"
 
 
 def root_text(chain: dict[str, object]) -> str:
@@ -70,15 +110,22 @@ def diff_markdown(report: dict[str, object], *, limit: int = 10) -> str:
     checks (each failing check with up to `limit` offending places)."""
     before, after = report["before"], report["after"]
     lines = [f"## tracegraph diff {VERDICT_MARKS[report['verdict']]} {verdict_line(report)}", "",
-             f"before `{before['source']}` · after `{after['source']}`", ""]
+             f"before `{before['source']}` · after `{after['source']}`", "",
+             f"_{report['noise']['note']}; {gate_line(report)}_", ""]
+    lines += [f"**⚠️ {line}**" for line in report.get("warnings", [])]
+    lines += [""] if report.get("warnings") else []
+    if max(len(before["runs"]), len(after["runs"])) > 1:
+        lines += _section("Runs (ms, median over steps)", ["side", "run", "profile", "step time"],
+                          runs_rows(report))
     lines += _section("Step time (ms, median over steps)", ["rank", "before", "after", "change"],
                       [[r["rank"], ms(r["before_ms"]), ms(r["after_ms"]), pct(r["change_pct"])]
                        for r in report["ranks"]])
     title = diff_bubble_title(report)
+    estimated = report["noise"]["estimated"]
     lines += _section(title[0].upper() + title[1:],
-                      ["category", "before", "after", "change"],
-                      [[r["category"], ms(r["before_ms"]), ms(r["after_ms"]), ms(r["change_ms"])]
-                       for r in report["bubbles"]])
+                      ["category", "before", "after", "change", *SPREAD[:2 * estimated]],
+                      [[r["category"], ms(r["before_ms"]), ms(r["after_ms"]), ms(r["change_ms"]),
+                        *spread_cells(r, estimated)] for r in report["bubbles"]])
     lines += _section("Critical path (ms per step)", ["op kind", "before", "after", "change"],
                       [[r["kind"], ms(r["before_ms"]), ms(r["after_ms"]), ms(r["change_ms"])]
                        for r in report["critical_path"]])
@@ -87,16 +134,38 @@ def diff_markdown(report: dict[str, object], *, limit: int = 10) -> str:
                       [[r["dim"], ratio(r["before"]), ratio(r["after"]),
                         ms(r["before_comm_ms"]), ms(r["after_comm_ms"])]
                        for r in report["overlap"]])
+    repeated = max(len(before["runs"]), len(after["runs"])) > 1
     for state, chains in report["chains"].items():
         lines += _section(f"{STATE_TITLES[state]} (ms per step; floor {report['min_chain_ms']} ms)",
-                          ["waiting rank", "cause", "root", "before", "after", "chain"],
+                          ["waiting rank", "cause", "root", "before", "after",
+                           *["runs"][:repeated], *SPREAD[:2 * estimated], "chain"],
                           [[c["rank"], c["category"], root_text(c), ms(c["before_ms"]),
-                            ms(c["after_ms"]), " ← ".join(map(str, c["chain"]))]
+                            ms(c["after_ms"]), *[runs_text(c, report)][:repeated],
+                            *spread_cells(c, estimated), " ← ".join(map(str, c["chain"]))]
                            for c in chains])
     if report.get("checks"):
         lines += _nothing_verified(report)
         lines += checks_section(report["checks"], report["check_counts"], limit=limit)
     return "\n".join(lines).rstrip() + "\n"
+
+
+SPREAD = ("interval (ms)", "p")
+
+
+def spread_cells(change: dict[str, object], estimated: bool) -> list[str]:
+    """The interval and p-value cells of a change (none without a noise estimate); a change
+    inside the noise says so."""
+    if not estimated or change["interval_ms"] is None:
+        return []
+    low, high = change["interval_ms"]
+    noise = "" if change["significant"] or not change["change_ms"] else " (noise)"
+    return [f"{low:+,.3f} … {high:+,.3f}", f"{p_value(change['p_value'])}{noise}"]
+
+
+def runs_rows(report: dict[str, object]) -> list[list[object]]:
+    """Each run of each side: side, its number, its profile, its median step."""
+    return [[side, i, run["source"], ms(run["step_ms"])] for side in ("before", "after")
+            for i, run in enumerate(report[side]["runs"], 1)]
 
 
 def check_markdown(report: dict[str, object], *, limit: int = 10) -> str:

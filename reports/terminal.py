@@ -150,12 +150,33 @@ def chain_text(bubble: dict[str, object]) -> str:
             f"    {piece['start_ms']:.3f}–{piece['end_ms']:.3f} {piece['dur_ms']:9.3f} ms  "
             f"{piece['category']:<{CATEGORY_WIDTH}} rank {piece['rank']} {piece['lane']}  "
             f"{piece['name'][:60]}{note}")
-    root = bubble.get("root") or {}
-    if root.get("profile_ranks"):
-        ranks = root["profile_ranks"]
-        lines.append(f"  to find the straggler, profile ranks {ranks[:16]}"
+    return "\n".join(lines + cause_lines(bubble))
+
+
+def cause_lines(bubble: dict[str, object]) -> list[str]:
+    """The bubble's root and its other causes of at least 5 %, each with its time, share and
+    origin, then whom to profile for each group with absent late members, largest first."""
+    listed = bubble.get("causes") or []
+    lines = [f"  {'root' if k == 0 else 'also':<5} {c['ms']:9.3f} ms ({c['share']:4.0%})  "
+             f"{c['category']:<{CATEGORY_WIDTH}} {_origin(c)}" for k, c in enumerate(listed)]
+    for k, c in enumerate(c for c in listed if c.get("profile_ranks")):
+        ranks = c["profile_ranks"]
+        lines.append(f"  {'to find the stragglers, profile' if k == 0 else '':<31} "
+                     f"group {c['absent_group']} ({c['ms']:.1f} ms of the wait): ranks {ranks[:16]}"
                      + (f" … ({len(ranks)} in all)" if len(ranks) > 16 else ""))
-    return "\n".join(lines)
+    return lines
+
+
+def _origin(cause: dict[str, object]) -> str:
+    """Where a cause comes from: a late member of a group absent from the bundle (reached
+    through a rank's op), else a rank, lane and op."""
+    where = f"rank {cause['rank']} {cause['lane']}  {cause['name'][:60]}"
+    absent = cause.get("profile_ranks") or []
+    if cause.get("absent_group") and len(absent) == 1:
+        return f"rank {absent[0]}, absent (group {cause['absent_group']}), via {where}"
+    if cause.get("absent_group"):
+        return f"a late member of group {cause['absent_group']} (absent), via {where}"
+    return where
 
 
 def merged_intervals(intervals: list[dict]) -> list[dict]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import gzip
 import json
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 from pathlib import Path
 
 from tracegraph import schema
@@ -39,9 +39,34 @@ def truth(case: str) -> dict:
     return json.loads(_truth(case))
 
 
+@lru_cache(maxsize=16)
+def _raw(case: str, rank: int) -> bytes:
+    return gzip.decompress((CORPUS / case / f"rank{rank}.json.gz").read_bytes())
+
+
 def raw(case: str, rank: int) -> dict:
-    """The Chrome-trace JSON of one rank of `case`, as the profiler exported it."""
-    return json.loads(gzip.decompress((CORPUS / case / f"rank{rank}.json.gz").read_bytes()))
+    """The Chrome-trace JSON of one rank of `case`, as the profiler exported it (a fresh copy)."""
+    return json.loads(_raw(case, rank))
+
+
+def span_at(case: str, rank: int, step: int, where: list[str]) -> dict:
+    """The annotation `where[-1]` of a rank's step, inside the others of `where` (on the thread
+    of the step's marker): where the truth places a wait or a call."""
+    events = [e for e in raw(case, rank)["traceEvents"] if e.get("ph") == "X"]
+    (marker,) = [e for e in events if e["name"] == f"ProfilerStep#{step}"]
+    lo, hi = marker["ts"], marker["ts"] + marker["dur"]
+    spans = [e for e in events if e["tid"] == marker["tid"] and lo <= e["ts"] <= hi
+             and e.get("cat") == "user_annotation"]
+    for span in _named_in(spans, where[-1]):
+        around = {o["name"] for o in spans
+                  if o["ts"] <= span["ts"] and span["ts"] + span["dur"] <= o["ts"] + o["dur"]}
+        if set(where[:-1]) <= around:
+            return span
+    raise LookupError(f"{case} rank {rank} step {step}: no {where}")
+
+
+def _named_in(spans: list[dict], name: str) -> list[dict]:
+    return [e for e in spans if e["name"] == name]
 
 
 # --- judging tracegraph's bubbles against the truth ---------------------------------------------
@@ -61,8 +86,13 @@ class Judged:
     @property
     def expected(self) -> tuple[str | None, int | None]:
         """(category, root rank) the truth states; (None, None) for a wait on peers' normal
-        work, which any of `allowed` may explain."""
-        if self.wait is None or self.wait["category"] in _NORMAL:
+        work, which any of `allowed` may explain. A wait on a rank absent from the bundle is
+        its communication's category, with that rank to profile: stated."""
+        if self.wait is None:
+            return None, None
+        on_absent = any(c["cause"] == "absent" and c["rank"] == self.wait["root_rank"]
+                        for c in self.wait["causes"])
+        if self.wait["category"] in _NORMAL and not on_absent:
             return None, None
         return self.wait["category"], self.wait["root_rank"]
 
@@ -79,7 +109,8 @@ class Judged:
 
 
 _NORMAL = {"pipeline_fill", "peer_compute", "pp_p2p", "dp_reduction", "ep_alltoall",
-           "collective", "tp_collective"}  # waiting on peers' normal work or communication
+           "collective", "tp_collective", "cp_collective"}
+"""Categories of waiting on peers' normal work or communication."""
 
 
 def judge(case: str, analysis: Analysis, share: float = 0.0) -> list[Judged]:

@@ -142,8 +142,9 @@ def test_each_bubble_says_how_sure_its_chain_is() -> None:
 
 def test_root_is_the_origin_of_the_chain_not_its_longest_link() -> None:
     """The seed sample's largest bubble, as its intervals read: rank 0 waits for rank 8192, whose
-    reduction (132.848 ms) waited for rank 12288's (132.816 ms) through a P2P. The origin is
-    12288's, 0.03 ms shorter; a sliver of the same cause earlier still is not an origin."""
+    reduction (132.848 ms) waited for rank 12288's (132.816 ms) through a P2P, then the pipeline
+    (133.152 ms). Three causes within 1 % of the bubble of each other: the root is the origin of
+    the chain, 12288's; a sliver of the same cause earlier still is neither root nor link."""
     def piece(start: float, end: float, category: str, rank: int) -> Interval:
         return Interval(round(start * MS), round(end * MS), category, rank, "stream 51", "x")
 
@@ -156,3 +157,62 @@ def test_root_is_the_origin_of_the_chain_not_its_longest_link() -> None:
                         piece(266.848, 400, causes.PIPELINE_FILL, 0)])
     assert (bubble.root.rank, bubble.root.start) == (12288, round(0.5 * MS))
     assert bubble.chain() == [0, 8192, 12288]
+
+
+def test_root_is_the_cause_holding_the_most_time_not_the_earliest_piece() -> None:
+    """Pieces grouped by origin: 12288's two reductions in one group (60 ms) outweigh the
+    earlier, other group's (30 ms) and 8192's (45 ms, a third group); every cause of 5 % is
+    listed, largest first after the root, a 1 % sliver is not (its rank, passed through between
+    listed causes, is a link of the chain)."""
+    def piece(start: float, end: float, rank: int, group: str) -> Interval:
+        return Interval(round(start * MS), round(end * MS), causes.DP_REDUCTION, rank,
+                        "stream 51", f"ar_{group}", unprofiled_group=group)
+
+    bubble = Bubble(rank=0, lane="stream 47", start=0, end=round(140 * MS), name="EVENT_WAIT",
+                    step=1, intervals=[
+                        piece(0, 30, 12288, "dp128"), piece(30, 60, 12288, "dp32"),
+                        piece(60, 93.6, 8192, "dp32b"), piece(93.6, 95, 4096, "dp8"),
+                        piece(95, 106.4, 8192, "dp32b"), piece(106.4, 136.4, 12288, "dp32"),
+                        Interval(round(136.4 * MS), round(140 * MS), causes.PP_P2P, 0,
+                                 "stream 49", "p2p")])
+    found = [(c.rank, c.group, round(c.ns / MS, 1)) for c in bubble.causes()]
+    assert found[:3] == [(12288, "dp32", 60.0), (8192, "dp32b", 45.0), (12288, "dp128", 30.0)]
+    assert (bubble.root.rank, bubble.root.unprofiled_group) == (12288, "dp32")
+    assert [c.group for c in bubble.listed_causes()] == ["dp32", "dp32b", "dp128"]
+    assert bubble.category == causes.DP_REDUCTION and bubble.chain() == [0, 12288, 8192, 4096]
+
+
+def test_root_of_ties_go_upstream() -> None:
+    """Within 1 % of the bubble the earliest cause is the root; beyond it, the largest."""
+    assert causes.root_of([(100, 50), (99, 10)], 1_000) == 1  # 0.1 % apart: upstream wins
+    assert causes.root_of([(100, 50), (80, 10)], 1_000) == 0  # 2 % apart: the largest
+    assert causes.root_of([], 1_000) == -1
+
+
+def test_waiting_for_a_tensor_parallel_peer_is_the_tp_collective() -> None:
+    """TP2 inside a PP2 job: rank 0 waits 3.6 ms in the TP all-reduce for rank 1, whose layer
+    ran 10 % longer (within the ranks' variation: no straggler). The wait is the TP
+    collective's, its late member (rank 1) the root, not the pipeline's fill; rank 2, the next
+    stage, waiting on rank 0's send, waits on rank 0's compute (the pipeline's) and then on
+    the TP collective."""
+    b = builder()
+    b.group("tp", (0, 1), dim="tp", name="tp-0-1")
+    b.group("pp", (0, 2), dim="pp", name="pp-0-2")
+    r0, r1, r2 = b.stream(0, 7), b.stream(1, 7), b.stream(2, 7)
+    for lane in (r0, r1, r2):
+        lane.step(1, 0, 120)
+    r0.compute(0, 36.4, "Attention")
+    r0.collective(36.4, 41, group="tp", seq=0, name="allreduce_tp")
+    r0.send(41, 42, peer=2, group="pp", seq=0)
+    r1.compute(0, 40, "Attention")
+    r1.collective(40, 41, group="tp", seq=0, name="allreduce_tp")
+    r2.compute(0, 5, "Embedding")
+    r2.recv(5, 42, peer=0, group="pp", seq=0)
+    r2.compute(42, 120, "Attention")
+    analysis = analyze(b.trace("tp"))
+    tp_wait = next(x for x in analysis.bubbles if x.rank == 0 and x.name == "allreduce_tp")
+    assert tp_wait.category == causes.TP_COLLECTIVE and tp_wait.root.rank == 1
+    assert tp_wait.by_category()[causes.TP_COLLECTIVE] > 0.95 * tp_wait.dur
+    recv = next(x for x in analysis.bubbles if x.rank == 2)
+    assert recv.by_category().get(causes.PIPELINE_FILL, 0) >= 31 * MS  # rank 0's compute
+    assert recv.by_category().get(causes.TP_COLLECTIVE, 0) >= 3.5 * MS  # then its TP wait

@@ -411,7 +411,7 @@ def test_symlinks_are_not_followed(tmp_path):
 
 
 def test_empty_missing_and_unknown_inputs_are_errors(tmp_path):
-    with pytest.raises(TraceError, match="no Ascend or Kineto profile found"):
+    with pytest.raises(TraceError, match="no Ascend, Kineto or Nsight Systems profile found"):
         open_bundle(tmp_path)
     with pytest.raises(TraceError, match="no such file or directory"):
         open_bundle(tmp_path / "absent")
@@ -495,7 +495,7 @@ def test_single_file_bundle(tmp_path):
     assert summary(bundle) == [("kineto", "rank3.json", {"trace": "rank3.json"}, 3)]
     assert bundle.read("rank3.json") == (GLOO / "rank3.json").read_bytes()
     (tmp_path / "ground_truth.json").write_text("{}")
-    with pytest.raises(TraceError, match="no Ascend or Kineto profile found"):
+    with pytest.raises(TraceError, match="no Ascend, Kineto or Nsight Systems profile found"):
         open_bundle(tmp_path / "ground_truth.json")
 
 

@@ -7,6 +7,7 @@ These test the recordings and their truth, not tracegraph's verdicts on them.
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,11 @@ EXPECTED = {
     "pp2dp2_wait_after_send", "pp2dp2_one_replica", "hsdp_tail_wait_before_send",
     "hsdp_tail_wait_after_send", "ep4_a2a_layers", "dp4_fwd_straggler", "dp4_opt_straggler",
     "dp4_before_allreduce", "dp4_host_stall", "dp4_healthy", "world_metrics_allreduce",
+    "pp4dp2_vpp_async_reduce", "pp4dp2_vpp_async_reduce_one_replica",
+    "pp4dp2_vpp_wait_before_send", "pp2dp2_embedding_groups", "cp4_ring",
+    "tp2pp2dp2_tp_straggler", "dp4_rotating_straggler",
 }
+COPIES = [c for c in CASES if truth(c)["copied_from"]]
 SLEEP_NAMES = {"straggler_sleep", "expert_imbalance"}
 
 
@@ -46,6 +51,18 @@ def _main_thread(spans: list[dict]) -> object:
 def _step(names: set[str]) -> int | None:
     steps = [int(n.split("#")[1]) for n in names if n.startswith("ProfilerStep#")]
     return steps[0] if len(steps) == 1 else None
+
+
+def _path(spans: list[dict], inner: dict) -> tuple[str, ...]:
+    """The job's annotations around `inner` on its thread, outermost first (not torch's: step
+    markers, an async P2P's `gloo:send`), and its own name: where the job put it."""
+    end = inner["ts"] + inner["dur"]
+    around = [e for e in spans if e is not inner and e["tid"] == inner["tid"]
+              and e.get("cat") == "user_annotation"
+              and not e["name"].startswith(("ProfilerStep#", "gloo:"))
+              and e["ts"] <= inner["ts"] and end <= e["ts"] + e["dur"]]
+    return (*(e["name"] for e in sorted(around, key=lambda e: (e["ts"], -e["dur"]))),
+            inner["name"])
 
 
 def test_the_corpus_holds_every_case() -> None:
@@ -79,7 +96,7 @@ def test_files_state_their_rank_and_the_groups_of_the_truth(case: str) -> None:
             assert rank in group["ranks"]
             listed[pg["pg_name"]].append(rank)
     assert {name: g["listed_by"] for name, g in groups.items()} == listed
-    assert {g["dim"] for g in t["groups"]} <= {"pp", "dp", "ep", "tp", "world"}
+    assert {g["dim"] for g in t["groups"]} <= {"pp", "dp", "ep", "tp", "cp", "world"}
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -96,32 +113,44 @@ def test_tracegraph_loads_every_rank_with_the_profiled_steps(case: str, tmp_path
 
 @pytest.mark.parametrize("case", [c for c in CASES if not truth(c)["healthy"]])
 def test_each_injection_lies_where_the_truth_says_on_its_rank_only(case: str) -> None:
+    """Every injected sleep of the files is one the truth states: on its rank, in its steps, at
+    each of its places (the annotations around it on its thread), at least 90 % as long; its
+    places say what its fields say (inside, microbatches, layer, chunk, ring step)."""
     t = truth(case)
+    stated: Counter = Counter()
     for inj in t["injections"]:
         if inj["annotation"] is None:
             continue  # a host stall: test_host_stall_is_a_gap_outside_any_annotation
-        for rank in t["ranks"]:
-            spans = _spans(raw(case, rank))
-            sleeps = _named(spans, inj["annotation"])
-            if rank != inj["rank"]:
-                assert not sleeps, (rank, inj["annotation"])
-                continue
-            mbs = inj["microbatches"] or [None]
-            assert len(sleeps) == len(inj["steps"]) * len(mbs)
-            seen = set()
-            for sleep in sleeps:
+        assert inj["places"] and all(p[-1] == inj["annotation"] for p in inj["places"])
+        assert {p[-2] for p in inj["places"]} == _insides(inj)
+        for key, word in (("layer", "layer={}"), ("chunk", "chunk={}"),
+                          ("ring_step", "ring step {}")):
+            if inj[key] is not None:
+                assert all(word.format(inj[key]) in " ".join(p) for p in inj["places"]), key
+        if inj["rank"] in t["ranks"]:
+            stated.update((inj["rank"], step, tuple(place)) for step in inj["steps"]
+                          for place in inj["places"])
+    recorded: Counter = Counter()
+    for rank in t["ranks"]:
+        spans = _spans(raw(case, rank))
+        for inj in t["injections"]:
+            for sleep in _named(spans, inj["annotation"]) if inj["rank"] == rank else []:
                 assert sleep["dur"] >= 0.9 * inj["duration_ms"] * 1e3
-                around = _enclosing(spans, sleep)
-                assert inj["inside"].split(" mb=")[0] in {n.split(" mb=")[0] for n in around}
-                # where the training loop was (a sleep on a second thread: at that time)
-                loop = _enclosing(spans, sleep, _main_thread(spans)) | around
-                mb = next((int(n.split("=")[1]) for n in loop if " mb=" in n), None)
-                if inj["layer"] is not None:
-                    assert f"MoE layer={inj['layer']}" in loop
-                seen.add((_step(loop), mb))
-            assert seen == {(s, m) for s in inj["steps"] for m in mbs}
+        names = {i["annotation"] for i in t["injections"]} - {None}
+        for sleep in [e for e in spans if e["name"] in names]:
+            # where the training loop was (a sleep on a second thread: at that time)
+            step = _step(_enclosing(spans, sleep, _main_thread(spans)))
+            recorded[rank, step, _path(spans, sleep)] += 1
+    assert recorded == stated
     if t["absent_ranks"]:
         assert all(i["rank"] in t["absent_ranks"] for i in t["injections"])
+
+
+def _insides(inj: dict) -> set[str]:
+    """The annotations an injection states it sleeps in ("BWD mb=i": one per microbatch)."""
+    if " mb=i" not in inj["inside"]:
+        return {inj["inside"]}
+    return {inj["inside"].replace(" mb=i", f" mb={mb}") for mb in inj["microbatches"]}
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if truth(c)["healthy"]])
@@ -151,14 +180,29 @@ def test_host_stall_is_a_gap_outside_any_annotation() -> None:
             assert [n for n in inside if not n.startswith("ProfilerStep#")] == []
 
 
-def test_one_replica_is_a_byte_copy_of_the_bug_recording() -> None:
-    t = truth("pp2dp2_one_replica")
-    assert t["copied_from"] == "pp2dp2_wait_before_send"
-    assert t["ranks"] == [0, 2] and t["absent_ranks"] == [1, 3]
+@pytest.mark.parametrize(("case", "source", "kept"), [
+    ("pp2dp2_one_replica", "pp2dp2_wait_before_send", [0, 2]),
+    ("pp4dp2_vpp_async_reduce_one_replica", "pp4dp2_vpp_async_reduce", [0, 2, 4, 6])])
+def test_one_replica_is_a_byte_copy_of_its_recording(case: str, source: str, kept: list[int]
+                                                     ) -> None:
+    """One pipeline replica of a job, byte for byte; its truth is the job's for those ranks,
+    the waits on the other replica's (absent) ranks charged to them."""
+    t, whole = truth(case), truth(source)
+    assert t["copied_from"] == source and case in COPIES
+    assert t["ranks"] == kept and t["absent_ranks"] == sorted(set(whole["ranks"]) - set(kept))
+    stages = [whole["parallelism"]["stage_of_rank"][str(r)] for r in kept]
+    assert stages == list(range(whole["parallelism"]["pp"]))  # a whole pipeline replica
     for rank in t["ranks"]:
         name = f"rank{rank}.json.gz"
-        assert (folder("pp2dp2_one_replica") / name).read_bytes() == (
-            folder(t["copied_from"]) / name).read_bytes()
-    whole = truth(t["copied_from"])
+        assert (folder(case) / name).read_bytes() == (folder(source) / name).read_bytes()
     assert [{k: v for k, v in g.items() if k != "listed_by"} for g in t["groups"]] == [
         {k: v for k, v in g.items() if k != "listed_by"} for g in whole["groups"]]
+    mine = {(w["rank"], w["step"], tuple(w["where"])): w for w in t["expected"]["waits"]}
+    theirs = {(w["rank"], w["step"], tuple(w["where"])): w for w in whole["expected"]["waits"]
+              if w["rank"] in kept}
+    assert mine.keys() == theirs.keys()
+    for key, wait in mine.items():  # the same wait, explained up to the first absent rank
+        assert wait["ms"] == theirs[key]["ms"]
+        absent = [c for c in wait["causes"] if c["cause"] == "absent"]
+        assert all(c["rank"] in t["absent_ranks"] for c in absent)
+        assert wait["chain"] == theirs[key]["chain"][:len(wait["chain"])]

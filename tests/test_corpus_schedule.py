@@ -133,3 +133,82 @@ def test_a_schedule_that_cannot_finish_is_refused() -> None:
     recv = Act("p2p", 0, (), recvs=(1,), comm="recv")
     with pytest.raises(RuntimeError, match="deadlocks"):
         cs.replay(programs_of([step(0), recv], [step(0), recv]), [0])
+
+
+def test_a_batched_call_is_held_by_its_half_released_last() -> None:
+    """Rank 0 sends to 1 and receives from 2 in one batch; 2 sent at once, 1 posts its receive
+    30 ms late: the send half binds, the chain follows it, the receive half is stated released
+    at once by rank 2's call."""
+    batch = Act("p2p", 0, ("BWD", "SEND_RECV"), sends=(1,), recvs=(2,), comm="exchange",
+                category="pp_p2p", members=(0, 1, 2), group="PP")
+    late_recv = Act("p2p", 0, ("FWD", "RECV"), recvs=(0,), comm="recv", category="pp_p2p")
+    send = Act("p2p", 0, ("FWD", "SEND"), sends=(0,), comm="send", category="pp_p2p")
+    waits = cs.stated_waits(
+        cs.replay(programs_of([step(0), batch, step(1)],
+                              [step(0), Act("sleep", 0, ("FWD",), ms=30, injection=0),
+                               late_recv, step(1)],
+                              [step(0), send, step(1)]), [0]),
+        [0], SLEEP, "pipeline_fill", group_name=lambda desc, members: f"{desc}{members}")
+    (wait,) = [w for w in waits if w["rank"] == 0]
+    assert (wait["ms"], wait["root_rank"], wait["chain"]) == (30.0, 1, [0, 1])
+    assert wait["bound"] == {"half": "send", "peer": 1}
+    assert wait["halves"] == [
+        {"half": "send", "peer": 1, "released_ms": 30.0,
+         "by": {"step": 0, "where": ["FWD", "RECV"]}},
+        {"half": "recv", "peer": 2, "released_ms": 0.0,
+         "by": {"step": 0, "where": ["FWD", "SEND"]}}]
+    assert wait["group"] == "PP(0, 1, 2)"
+
+
+def test_an_async_exchange_is_waited_for_where_its_wait_is() -> None:
+    """A ring step: the exchange is launched, the rank computes 10 ms, then waits; its peer
+    posts 25 ms late: 15 ms of wait, in the step's annotation, held by the late half."""
+    def ring(peer: int, late: float) -> list[Act]:
+        launch = Act("p2p", 0, ("ring step 0",), sends=(peer,), recvs=(peer,), comm="exchange",
+                     handle=1, blocking=False, category="cp_collective")
+        work = [Act("sleep", 0, ("ring step 0", "ATTENTION"), ms=late, injection=0)]
+        return [step(0), *(work if late else []), launch,
+                Act("compute", 0, ("ring step 0", "ATTENTION"), ms=10),
+                Act("wait", 0, ("ring step 0",), handle=1, category="cp_collective"), step(1)]
+
+    waits = stated(programs_of(ring(1, 0), ring(0, 25)))
+    (wait,) = waits
+    assert (wait["rank"], wait["op"], wait["where"], wait["ms"]) == (0, "wait", ["ring step 0"],
+                                                                     15.0)
+    assert (wait["category"], wait["root_rank"], wait["via"]) == (
+        "compute_straggler", 1, ["cp_collective"])
+    assert wait["bound"] is None  # both halves are rank 1's, posted at once
+    assert [h["released_ms"] for h in wait["halves"]] == [15.0, 15.0]
+
+
+def test_a_straggler_is_twice_its_peers_median_of_declared_work() -> None:
+    def member(extra: float) -> list[Act]:
+        sleep = [Act("sleep", 1, ("FWD",), ms=extra, injection=0)] if extra else []
+        return [step(1), Act("compute", 1, ("FWD",), ms=30), *sleep,
+                Act("compute", 1, ("BWD",), ms=5 + extra / 100), step(2)]
+
+    table = cs.stragglers(programs_of(member(0), member(120), member(10), member(0)), [1])
+    assert table == [{"step": 1, "rank": 1, "annotation": "FWD", "ms": 150.0,
+                      "peers_median_ms": 30.0, "ratio": 5.0}]  # BWD 6.2 ms: not twice 5
+
+
+def test_halves_released_together_follow_the_peer_the_recording_shows_last() -> None:
+    """Rank 0's batch sends to 1 and receives from 2; both peers post 20 ms late (the same
+    sleep before a shared collective, in the replay to the microsecond): the schedule cannot
+    say which came last, so the chain goes through the one the recording shows posting last."""
+    batch = Act("p2p", 0, ("B",), sends=(1,), recvs=(2,), comm="exchange", category="pp_p2p")
+    late = Act("sleep", 0, ("S",), ms=20, injection=0)
+    programs = programs_of([step(0), batch, step(1)],
+                           [step(0), late, Act("p2p", 0, ("R",), recvs=(0,), comm="recv"),
+                            step(1)],
+                           [step(0), late, Act("p2p", 0, ("X",), sends=(0,), comm="send"),
+                            step(1)])
+    chains = {}
+    for later in (1, 2):
+        replayed = cs.replay(programs, [0])
+        replayed.recorded = lambda lane, timed, key, later=later: float(lane == later)
+        (wait,) = [w for w in cs.stated_waits(replayed, [0], SLEEP, "pipeline_fill")
+                   if w["rank"] == 0]
+        assert wait["bound"] is None and wait["root_rank"] == later
+        chains[later] = wait["chain"]
+    assert chains == {1: [0, 1], 2: [0, 2]}

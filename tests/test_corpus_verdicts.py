@@ -75,11 +75,13 @@ def test_every_injected_wait_shows_as_a_bubble(case: str) -> None:
 
 
 def large_waits(case: str, analysis: Analysis) -> list[dict]:
-    """The truth's waits on the injected root (at least 10 % of their step)."""
+    """The truth's waits on the injected root, or on the step's straggler where the truth names
+    one per step (at least 10 % of their step)."""
     steps, expected = metrics.step_ms(analysis), truth(case)["expected"]
+    roots = {s["step"]: s["rank"] for s in expected["stragglers"]}
     return [w for w in expected["waits"]
             if (w["category"], w["root_rank"]) == (expected["root_category"],
-                                                   expected["root_rank"])
+                                                   roots.get(w["step"], expected["root_rank"]))
             and w["ms"] >= LARGE_SHARE * steps[w["step"]]]
 
 

@@ -207,7 +207,7 @@ def test_a_gloo_p2p_is_posted_when_its_host_call_begins() -> None:
     assert (bubble.start, bubble.end) == (0, 9 * MS)
     first = bubble.intervals[0]  # until rank 1 posted, its compute held rank 0
     assert (first.rank, first.name, first.start, first.end) == (1, "aten::mm", 0, 4 * MS)
-    assert bubble.chain() == [0, 1]
+    assert first.path == (0, 1)  # reached through rank 0's receive
 
 
 def test_a_gloo_exchange_is_posted_once_for_both_halves() -> None:
@@ -216,7 +216,8 @@ def test_a_gloo_exchange_is_posted_once_for_both_halves() -> None:
     (its isend call blocks until 1.3 ms, its irecv call begins at 1.5 ms), rank 1 at 1 ms (irecv
     call at 1.2 ms). Taken one call at a time, rank 0's recv looks posted after rank 1's send
     while rank 1's recv looks posted after rank 0's send: two crossing edges, a cycle. As one
-    exchange, both edges come from rank 1, and rank 0's two bubbles do not overlap."""
+    exchange, rank 0 (posted first) waits on rank 1, once, in the half that ends its exchange
+    (its recv), and its two bubbles do not overlap."""
     b = TraceBuilder(unit=MS)
     b.group("pp", (0, 1), dim="pp")
     times = {0: (0, 1.3, 1.4, 1.5, 3.0), 1: (1.0, 1.1, 1.2, 1.2, 2.0)}
@@ -231,12 +232,44 @@ def test_a_gloo_exchange_is_posted_once_for_both_halves() -> None:
     analysis = analyze(b.trace())
     assert nx.is_directed_acyclic_graph(to_networkx(analysis.graph))
     assert not analysis.graph.cycles()
-    assert edges_between(analysis, halves[1, "recv"], halves[0, "send"]) == ["p2p"]
-    assert edges_between(analysis, halves[1, "send"], halves[0, "recv"]) == ["p2p"]
+    into_0 = [edges_between(analysis, halves[1, h], halves[0, mine])
+              for h in ("send", "recv") for mine in ("send", "recv")]
+    assert sorted(into_0) == [[], [], [], ["p2p"]]  # one edge, into rank 0's recv
+    assert ["p2p"] in (edges_between(analysis, halves[1, "send"], halves[0, "recv"]),
+                       edges_between(analysis, halves[1, "recv"], halves[0, "recv"]))
+    assert not [edges_between(analysis, halves[0, mine], halves[1, h])
+                for h in ("send", "recv") for mine in ("send", "recv")
+                if edges_between(analysis, halves[0, mine], halves[1, h])]
     spans = sorted((x.start, x.end) for x in analysis.bubbles if x.rank == 0)
     assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:],
                                                                       strict=False))
     assert spans[-1][1] == 5 * MS
+
+
+def test_a_batched_exchange_waits_for_the_half_whose_peer_posted_last() -> None:
+    """batch_isend_irecv with two peers on gloo (a ring: rank 1 sends to 2, receives from 0).
+    Rank 0 posts its send to 1 at once; rank 2 computes 80 ms before posting its receive from 1.
+    Rank 1's batch is held by its send, whose peer posted last, although its `gloo:recv` record
+    (ending when rank 1 waits on it, after the send) spans the wait: the bubble is rank 2's
+    compute, never rank 1's own transfer."""
+    b = TraceBuilder(unit=MS)
+    b.group("ring", (0, 1, 2))
+    t0, t1, t2 = (b.thread(r, 100 + r, "python") for r in range(3))
+    t0.host(0, 0.1, "c10d::send", comm="send", peer=1, group="ring")
+    t0.send(0.1, 0.3, peer=1, group="ring", name="gloo:send")
+    t1.host(0, 0.1, "c10d::send", comm="send", peer=2, group="ring")
+    t1.send(0.1, 0.2, peer=2, group="ring", name="gloo:send")
+    t1.host(0.2, 0.3, "c10d::recv_", comm="recv", peer=0, group="ring")
+    held = t1.recv(0.3, 81, peer=0, group="ring", name="gloo:recv")
+    t2.compute(0, 80, "attention")
+    t2.host(80, 80.1, "c10d::recv_", comm="recv", peer=1, group="ring")
+    t2.recv(80.1, 80.5, peer=1, group="ring", name="gloo:recv")
+    analysis = analyze(b.trace())
+    assert not analysis.graph.cycles()
+    bubble = next(x for x in analysis.bubbles if x.rank == 1 and x.dur > 50 * MS)
+    assert bubble.root.rank == 2 and bubble.root.name == "attention"
+    assert bubble.chain() == [1, 2] and bubble.op == op_index(analysis.ops, held)
+    assert sum(p.dur for p in bubble.intervals if p.rank == 2) >= 79 * MS
 
 
 def test_a_collective_kernel_without_a_comm_type_is_still_a_collective() -> None:
@@ -253,3 +286,32 @@ def test_a_collective_kernel_without_a_comm_type_is_still_a_collective() -> None
     (bubble,) = [x for x in analysis.bubbles if x.rank == 0]
     charged = bubble.by_category()  # rank 1's compute, then the transfer after it arrived
     assert charged.get(causes.COLLECTIVE) == 10 * MS and "" not in charged
+
+
+def test_a_wait_on_reductions_launched_long_before_is_a_bubble() -> None:
+    """Overlapped gradient reduction (DDP buckets, Megatron overlap_grad_reduce): two
+    all-reduces launched during the backward run one after the other on the gloo thread, the
+    first waiting 170 ms for the DP peer absent from the bundle, the second (more bytes) 20 ms;
+    the main thread then blocks in `wait()` inside `OPT step` until both are done. The stretch
+    is a bubble of the DP reduction's late absent member, whether or not an annotation encloses
+    it, never the rank's own work."""
+    for annotated in (True, False):
+        b = TraceBuilder(unit=MS)
+        b.group("dp", (0, 1), dim="dp", name="dp-0-1")
+        main, loop = b.thread(0, 100, "python"), b.comm_lane(0, "thread 300 pt_gloo_runloop")
+        main.step(1, 0, 230)
+        main.compute(0, 8, "backward chunk 1")
+        main.host(8, 8.5, "c10d::allreduce_", comm="allreduce", group="dp")
+        loop.collective(9, 180, group="dp", name="gloo:all_reduce")
+        main.compute(8.5, 9.5, "backward chunk 0")
+        main.host(9.5, 10, "c10d::allreduce_", comm="allreduce", group="dp")
+        loop.collective(180, 200, group="dp", name="gloo:all_reduce")
+        if annotated:
+            main.marker(10, 201, "OPT step")
+        main.compute(201, 230, "optimizer")
+        analysis = analyze(b.trace())
+        bubble = max((x for x in analysis.bubbles if x.rank == 0), key=lambda x: x.dur)
+        assert bubble.start <= 10.5 * MS and bubble.end >= 200 * MS, annotated
+        assert bubble.category == causes.DP_REDUCTION, (annotated, bubble.intervals)
+        assert bubble.by_category()[causes.DP_REDUCTION] >= 189 * MS
+        assert bubble.root.unprofiled_group == "dp"

@@ -36,6 +36,7 @@ from tracegraph import causes
 from tracegraph.analysis.analyze import analyze
 from tracegraph.loading.loader import load
 from tracegraph.verify.diff import compare, regressed_beyond, verdict
+from tracegraph.verify.stats import Change
 
 BEFORE, AFTER = REAL / "kineto" / "gloo_pp2_dp2", REAL / "kineto" / "gloo_pp2_dp2_fixed"
 STEPS_BEFORE = {0: (224.597, 216.508), 1: (227.198, 219.374), 2: (227.682, 217.218),
@@ -162,10 +163,23 @@ def test_verdict_band_and_regression_threshold() -> None:
     report = compare(same, same)
     assert report["verdict"] == "unchanged" and report["step_time"]["change_pct"] == 0.0
     assert all(not chains for chains in report["chains"].values())
-    assert verdict(100.0, 101.9) == "unchanged" and verdict(100.0, 102.1) == "regressed"
-    assert verdict(100.0, 97.9) == "improved"
-    assert regressed_beyond({"step_time": {"change_pct": 5.1}}, 5.0)
-    assert not regressed_beyond({"step_time": {"change_pct": 4.9}}, 5.0)
+    assert not report["noise"]["estimated"] and "no noise estimate" in report["noise"]["note"]
+    assert verdict(Change(100.0, 101.9, 0.95)) == "unchanged"
+    assert verdict(Change(100.0, 102.1, 0.95)) == "regressed"
+    assert verdict(Change(100.0, 97.9, 0.95)) == "improved"
+    # with a noise estimate: beyond the noise only when the interval excludes 0 and p < 5 %
+    assert verdict(Change(100.0, 110.0, 0.95, (-1.0, 20.0), (-1.0, 20.0), 0.01)) == "noise"
+    assert verdict(Change(100.0, 110.0, 0.95, (2.0, 20.0), (2.0, 20.0), 0.2)) == "noise"
+    assert verdict(Change(100.0, 110.0, 0.95, (2.0, 20.0), (2.0, 20.0), 0.01)) == "regressed"
+    assert regressed_beyond({"step_time": {"change_pct": 5.1, "change_ms": 5.1}}, 5.0)
+    assert not regressed_beyond({"step_time": {"change_pct": 4.9, "change_ms": 4.9}}, 5.0)
+    assert not regressed_beyond({"step_time": {"change_pct": 5.1, "change_ms": 5.1}}, 5.0, 6.0)
+    # the whole interval must be beyond both thresholds
+    interval = {"change_pct": 8.0, "change_ms": 8.0, "interval_pct": [4.0, 12.0],
+                "interval_ms": [4.0, 12.0], "significant": True}
+    assert not regressed_beyond({"step_time": interval}, 5.0)
+    assert regressed_beyond({"step_time": interval}, 3.0)
+    assert not regressed_beyond({"step_time": interval}, 3.0, 4.5)
 
 
 # --- the simulated seed case -------------------------------------------------------------------

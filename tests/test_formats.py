@@ -113,13 +113,16 @@ def test_registered_alone_each_format_finds_only_its_own(monkeypatch, fmt):
     own, other = {"kineto": ("kineto/gloo_pp2_dp2", "ascend/torch_npu_ddp8_level1"),
                   "ascend": ("ascend/torch_npu_ddp8_level1", "kineto/gloo_pp2_dp2"),
                   "ascend_db": ("ascend/torch_npu_ddp8_db_level1", "ascend/torch_npu_ddp8_level1"),
+                  "ascend_prof": ("ascend/mindspore_graph_ddp2_prof",
+                                  "ascend/torch_npu_ddp8_level1"),
+                  "nsys": ("nsys", "kineto/gloo_pp2_dp2"),
                   }[fmt.name]
     monkeypatch.setattr(formats, "FORMATS", (fmt,))
     found = open_bundle(real(own)).profiles
     assert {p.format for p in found} == {fmt.name}
-    assert sorted(p.rank for p in found) == ([0, 1, 2, 3] if fmt.name == "kineto" else [0, 1])
-    family = fmt.name.partition("_")[0].capitalize()  # the database format is Ascend's too
-    with pytest.raises(TraceError, match=f"no {family} profile found"):
+    assert [p.rank for p in found] == {"kineto": [0, 1, 2, 3], "nsys": [None, None]}.get(
+        fmt.name, [0, 1])  # the real nsys exports state no rank
+    with pytest.raises(TraceError, match=f"no {fmt.family} profile found"):
         open_bundle(real(other))
 
 

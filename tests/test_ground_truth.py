@@ -8,6 +8,8 @@ only the profiler files. The seed numbers are those of mindspore/hyper-parallel#
 from __future__ import annotations
 
 import json
+import shutil
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,7 @@ from tests.conftest import SAMPLES
 from tests.ground_truth_eval import agreement
 from tracegraph import causes, schema
 from tracegraph.analysis.analyze import Analysis, analyze
+from tracegraph.analysis.summary import summarize
 from tracegraph.simulate import simulate
 from tracegraph.simulate.bundle_writer import write_bundle
 
@@ -76,6 +79,64 @@ def test_seed_wait_and_its_chain(fmt: str, tmp_path: Path) -> None:
         assert abs(charged.get(category, 0) / 1e6 - truth_ms) < 1.0, category
     assert 360 < charged[causes.DP_REDUCTION] / 1e6 < 380
     assert "members of group" in wait.root.note and "absent from the bundle" in wait.root.note
+
+
+@pytest.mark.parametrize("fmt", ["ascend", "kineto"])
+def test_seed_roots_are_the_causes_a_fix_would_remove(fmt: str, tmp_path: Path) -> None:
+    """Every simulated bubble of 100 ms or more has the truth's root: its rank and, for a late
+    unprofiled member, its group (rank 4096's 473 ms wait: the 32-rank group of 12288, 188 ms,
+    not the 128-rank group's earlier 49 ms). Each absent group holding 5 % of a bubble is in
+    its advice, largest first, with the ranks to profile; the truth's late member among them."""
+    analysis, truth = analysed(f"hsdp-straggler-sync-{fmt}", tmp_path)
+    anchor = min(r for r, o in analysis.offsets.items() if o == 0)
+    origin = int(truth["clock_offset_ns"][str(anchor)]) + int(truth["origin_ns"])
+    summary = {(b["rank"], round(b["start_ms"])): b
+               for b in summarize(analysis, top=0)["bubbles"]}
+    big = [b for b in truth["bubbles"] if b["dur_ms"] >= 100]
+    assert len(big) >= 6
+    for expected in big:
+        bubble = next(b for b in analysis.bubbles if b.rank == expected["rank"]  # Kineto's
+                      and abs((b.end - origin) / 1e6 - expected["end_ms"]) < 1.0)  # 1st starts late
+        root = expected["root"]
+        assert bubble.root.rank == root["rank"], (expected["start_ms"], bubble.causes())
+        members = analysis.trace.group_members()
+        assert (set(members.get(bubble.root.unprofiled_group, ()))
+                == set(truth["groups"][root["group"]]["ranks"] if "group" in root else ())), root
+        listed = bubble.listed_causes()
+        absent = [c for c in listed if c.group]
+        assert [c.ns for c in absent[1:]] == sorted((c.ns for c in absent[1:]), reverse=True)
+        told = summary[(bubble.rank, round((bubble.start - analysis.origin) / 1e6))]["causes"]
+        assert [c.get("absent_group", "") != "" for c in told] == [bool(c.group) for c in listed]
+        for cause, said in zip(listed, told, strict=True):
+            assert said["share"] == round(cause.share, 4) >= 0.05 or cause is listed[0]
+            if cause.group:
+                absent = set(members[cause.group]) - set(analysis.trace.rank_ids)
+                assert set(said["profile_ranks"]) == absent
+        if "member" in root:
+            assert root["member"] in told[0]["profile_ranks"]
+    wait = max((b for b in analysis.bubbles if b.rank == 4096), key=lambda b: b.dur)
+    assert [round(c.ns / 1e6) for c in wait.listed_causes() if c.group] == [188, 130, 49]
+
+
+def test_a_pipeline_peer_absent_from_the_bundle_is_said_never_a_transfer(tmp_path: Path) -> None:
+    """The seed bundle without rank 8192: rank 0's 498 ms wait reaches rank 4096's
+    batchSendRecv with 8192, whose half is not in the bundle. The time is the absent peer's
+    (posted late, or the transfer: the profile cannot tell), with low confidence and 8192 to
+    profile, never a slow link of 4096's."""
+    with tarfile.open(SIMULATED / "hsdp-straggler-sync-ascend.tar.gz") as archive:
+        archive.extractall(tmp_path, filter="data")
+    bundle = tmp_path / "hsdp-straggler-sync-ascend"
+    (gone,) = [p for p in bundle.iterdir() if (p / "profiler_info_8192.json").exists()]
+    shutil.rmtree(gone)
+    analysis = analyze(tracegraph.load(bundle, cache_dir=tmp_path / "cache"))
+    wait = max((b for b in analysis.bubbles if b.rank == 0), key=lambda b: b.dur)
+    assert abs(wait.dur / 1e6 - 498.5) < 1.0 and wait.sureness == "low"
+    assert "peer 8192 absent from the bundle" in wait.evidence
+    p2p = [p for p in wait.intervals if p.category == causes.PP_P2P and p.dur > 100e6]
+    assert p2p and all("peer 8192 absent from the bundle" in p.note for p in p2p)
+    said = next(b for b in summarize(analysis, top=0)["bubbles"]
+                if b["rank"] == 0 and abs(b["dur_ms"] - wait.dur / 1e6) < 1e-3)
+    assert said["causes"][0]["profile_ranks"] == [8192] == said["root"]["profile_ranks"]
 
 
 def test_the_db_export_gives_the_seed_chain_of_the_text_export(tmp_path: Path) -> None:

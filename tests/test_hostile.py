@@ -351,7 +351,8 @@ def test_a_newline_in_a_name_keeps_the_error_on_one_line(tmp_path: Path) -> None
     bundle.mkdir()
     code, _, err = cli("analyze", bundle, "--no-cache")
     assert code == 2
-    assert one_error(err).startswith(f"error: {tmp_path}/a\\nb: no Ascend or Kineto profile")
+    assert one_error(err).startswith(
+        f"error: {tmp_path}/a\\nb: no Ascend, Kineto or Nsight Systems profile")
     (bundle / "rank0\n.json").write_text('{"traceEvents": [')
     code, _, err = cli("analyze", bundle, "--no-cache")
     assert code == 2
@@ -447,7 +448,7 @@ def flood(path: Path, members: int) -> Path:
 def test_a_member_flood_is_refused_at_the_limit(tmp_path: Path) -> None:
     with pytest.raises(TraceError, match=r"more than 1000 members \(limit max_members\)"):
         open_bundle(flood(tmp_path / "f.tar", 1001), Limits(max_members=1000))
-    with pytest.raises(TraceError, match="no Ascend or Kineto profile found"):
+    with pytest.raises(TraceError, match="no Ascend, Kineto or Nsight Systems profile found"):
         open_bundle(flood(tmp_path / "g.tar", 1000), Limits(max_members=1000))
 
 

@@ -387,6 +387,13 @@ def test_seed_sample_report_shows_the_chain(fmt: str, cache_dir: Path) -> None:
     weakest = {"ascend": "record &lt; 5 µs before it ended",
                "kineto": "posted last (pair by order)"}[fmt]
     assert f'<td title="{weakest}">medium</td>' in html
+    # rank 4096's wait: beside its root (the 32-rank group of 12288), the other causes of 5 %
+    # of it, each absent group with the ranks to profile
+    (row,) = [r for r in html.split('class="causes"')[1].split("<tr>")
+              if "rank 4096 · stream 47" in r and "4096 → 8192 → 12288" in r]
+    also = row.split("</td>")[-4]
+    assert also.count("profile ranks") == 2 and also.count("dp_reduction") == 2
+    assert "pipeline_fill" in also and "(28%)" in also and "(10%)" in also
     fig = waterfall(analysis, 1)
     rows = figure_rows(fig)
     for rank in (4096, 8192, 12288):

@@ -503,8 +503,8 @@ def test_bundle_is_deterministic_with_ground_truth_beside(fmt, timeline, tmp_pat
 
 
 def test_write_bundle_rejects_an_unknown_format(timeline, tmp_path):
-    with pytest.raises(ValueError, match="unknown simulated format 'nsys'"):
-        write_bundle(timeline, tmp_path / "x", "nsys")
+    with pytest.raises(ValueError, match="unknown simulated format 'perfetto'"):
+        write_bundle(timeline, tmp_path / "x", "perfetto")
 
 
 @pytest.mark.parametrize(("change", "message"), [

@@ -11,7 +11,13 @@ from rich.console import Console
 
 import tracegraph
 from parsers.classify import double_hash
-from reports.terminal import chain_text, merged_intervals, print_analysis, straggler_lines
+from reports.terminal import (
+    cause_lines,
+    chain_text,
+    merged_intervals,
+    print_analysis,
+    straggler_lines,
+)
 from tests.conftest import REAL, SAMPLES
 from tests.test_checks import run_cli
 from tracegraph import causes
@@ -35,7 +41,9 @@ def test_chain_folds_runs_on_one_lane_into_a_line(cache_dir: Path) -> None:
     assert sleep["rank"] == 1 and sleep["category"] == causes.COMPUTE_STRAGGLER
     assert sleep["name"].startswith("straggler_sleep") and sleep["dur_ms"] > 195
     text = chain_text(top)
-    assert text.count("\n") == len(lines) + 1 and "straggler_sleep +" in text
+    assert text.count("\n") == len(lines) + 1 + len(cause_lines(top))
+    assert "straggler_sleep +" in text
+    assert "root " in cause_lines(top)[0] and "rank 1 " in cause_lines(top)[0]
 
 
 def test_step_totals_are_rank_ms_beside_the_slowest_rank_s_own(cache_dir: Path) -> None:

@@ -8,7 +8,7 @@ ground_truth.json.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from tracegraph.schema import P2P_COMMS
@@ -100,3 +100,21 @@ def for_collective(dim: str, comm: str) -> str:
     """The category a communication op is charged to: its group's inferred parallel dimension's,
     else its comm type's (all-to-all: EP, send / recv: PP), else COLLECTIVE, never a guess."""
     return _BY_DIM.get(dim) or _BY_COMM.get(comm, COLLECTIVE)
+
+
+ROOT_TIE_SHARE = 0.01
+"""causes whose times differ by less than this share of their bubble tie for the root"""
+LISTED_SHARE = 0.05
+"""every cause holding at least this share of its bubble is listed with it"""
+
+
+def root_of(causes: Sequence[tuple[int, int]], bubble_ns: int) -> int:
+    """Which of a bubble's causes, each (ns, start) — its time in the bubble and when its first
+    piece began —, is the root: the one holding the most time; those within ROOT_TIE_SHARE of
+    the bubble of it go to the origin of the chain, the one furthest upstream (earliest). -1
+    when there is none. The one rule behind analyze's roots and every ground truth's."""
+    if not causes:
+        return -1
+    most = max(ns for ns, _ in causes)
+    tied = [k for k, (ns, _) in enumerate(causes) if most - ns <= ROOT_TIE_SHARE * bubble_ns]
+    return min(tied, key=lambda k: (causes[k][1], -causes[k][0]))

@@ -22,9 +22,9 @@ from tracegraph.loading.groups import group_labels
 
 UNMATCHED = "its peers' matching op was not found: the member that arrived last is unknown"
 _UNPEERED = "unpeered"  # a point-to-point op naming no peer: no comm type of its own
-ROOT_SHARE = 0.01  # an interval shorter than this share of its bubble is never its root
 _HOST_NOTES = {walk.LAUNCHED_LATE: walk.LAUNCHED_LATE, walk.HOST_IDLE: walk.HOST_IDLE,
                walk.LAUNCHER: "", walk.STEP_TAIL: walk.STEP_TAIL}
+_LOCKSTEP = (causes.TP_COLLECTIVE, causes.CP_COLLECTIVE)
 NOT_RECORDED = ("the rank's profile begins later (each rank enters the profiled steps on its "
                 "own): what it did then is not in the bundle")
 
@@ -42,6 +42,7 @@ class Interval:
     note: str = ""
     unprofiled_group: str = ""  # a group with members absent from the bundle it waits on
     op: int = -1  # the op (node of the DepGraph) the piece is charged to
+    path: tuple[int, ...] = ()  # the ranks the walk crossed to reach it, ending with its own
 
     @property
     def dur(self) -> int:
@@ -83,30 +84,84 @@ class Bubble:
 
     @property
     def category(self) -> str:
-        """The category charged the most time."""
-        totals = self.by_category()
-        return max(totals, key=totals.get) if totals else causes.UNKNOWN
+        """The root cause's category (UNKNOWN with no decomposition)."""
+        found = self.causes()
+        return found[0].category if found else causes.UNKNOWN
+
+    def causes(self) -> list[BubbleCause]:
+        """The bubble's causes, the root first, then by time held: its intervals grouped by
+        origin (category, rank, and for absent late members their group)."""
+        return grouped_causes(self.intervals, self.dur)
+
+    def listed_causes(self) -> list[BubbleCause]:
+        """The root and every other cause holding at least LISTED_SHARE of the bubble."""
+        return [c for k, c in enumerate(self.causes())
+                if k == 0 or c.ns >= causes.LISTED_SHARE * self.dur]
 
     @property
     def root(self) -> Interval | None:
-        """The origin of the chain: the earliest interval of the dominant category (the walk
-        runs back in time, so the deepest cause), among those of at least ROOT_SHARE of the
-        bubble (a sliver does not make an origin)."""
-        pieces = [p for p in self.intervals if p.category == self.category]
-        weighty = [p for p in pieces if p.dur >= ROOT_SHARE * self.dur] or pieces
-        return min(weighty, key=lambda p: p.start) if weighty else None
+        """The root cause's longest interval (its rank, lane, op and note): what a fix would
+        remove, see `causes.root_of`."""
+        found = self.causes()
+        return found[0].longest if found else None
 
     def chain(self) -> list[int]:
-        """Ranks in causal order: this rank, then each rank the explanation reached walking
-        back in time, up to the root's rank."""
-        ranks = [self.rank]
+        """Ranks in causal order, from this rank to the root's: those the walk crossed to
+        reach the root's longest piece, else (intervals that do not say) each rank the
+        explanation reached walking back in time, as far as the earliest listed cause (a
+        sliver further back is no link)."""
         root = self.root
+        if root is not None and root.path:
+            ranks = [self.rank]
+            for rank in root.path:
+                if rank != ranks[-1]:
+                    ranks.append(rank)
+            return ranks
+        listed = self.listed_causes()
+        back_to = min((c.start for c in listed), default=self.start)
+        ranks = [self.rank]
         for piece in sorted(self.intervals, key=lambda p: -p.start):
-            if root is not None and ranks[-1] == root.rank and piece.start < root.start:
-                break
-            if piece.rank != ranks[-1] and piece.rank not in ranks:
+            if piece.start >= back_to and piece.rank not in ranks:
                 ranks.append(piece.rank)
         return ranks
+
+
+@dataclass
+class BubbleCause:
+    """One origin of a bubble's time: the intervals charged to one category on one rank (for a
+    wait on absent members, in one group), with their total and share of the bubble."""
+
+    category: str
+    rank: int
+    group: str  # the group whose absent members it waits on, or ""
+    ns: int
+    share: float  # of the bubble
+    start: int  # when its first piece began
+    longest: Interval  # its longest piece: lane, op, note
+
+    @property
+    def lane(self) -> str:
+        return self.longest.lane
+
+    @property
+    def name(self) -> str:
+        return self.longest.name
+
+
+def grouped_causes(intervals: list[Interval], bubble_ns: int) -> list[BubbleCause]:
+    """`intervals` grouped by origin, the root (`causes.root_of`) first, the rest by time."""
+    groups: dict[tuple[str, int, str], list[Interval]] = {}
+    for piece in intervals:
+        groups.setdefault((piece.category, piece.rank, piece.unprofiled_group), []).append(piece)
+    found = [BubbleCause(category, rank, group, ns, ns / bubble_ns if bubble_ns else 0.0,
+                         min(p.start for p in pieces), max(pieces, key=lambda p: p.dur))
+             for (category, rank, group), pieces in groups.items()
+             for ns in [sum(p.dur for p in pieces)]]
+    found.sort(key=lambda c: (-c.ns, c.start))
+    root = causes.root_of([(c.ns, c.start) for c in found], bubble_ns)
+    if root > 0:
+        found.insert(0, found.pop(root))
+    return found
 
 
 class Blamer:
@@ -154,7 +209,8 @@ class Blamer:
             return str(self.comm_category[op])
         if self.slow_op[op]:
             return causes.COMPUTE_STRAGGLER
-        return own_or(self.idle_compute, int(self.graph.rank[op]), rank)
+        category = own_or(self.idle_compute, int(self.graph.rank[op]), rank)
+        return through(category, str(self.comm_category[piece.via]) if piece.via >= 0 else "")
 
     def _interval(self, piece: Piece, rank: int | None = None) -> Interval:
         graph, op = self.graph, piece.op
@@ -163,6 +219,10 @@ class Blamer:
             note = NOT_RECORDED
         elif piece.why == walk.RAN:
             note = ""
+        elif piece.why == walk.WAITING and graph.unprofiled[op] and graph.kind[op] == schema.P2P:
+            group = str(graph.group[op])
+            note = (f"peer {graph.peer[op]} absent from the bundle: it posted its half late, or "
+                    "the transfer itself")
         elif piece.why == walk.WAITING and graph.unprofiled[op]:
             group = str(graph.group[op])
             note = (f"waits on the {graph.unprofiled[op]} members of group "
@@ -171,7 +231,8 @@ class Blamer:
         elif piece.why == walk.WAITING:
             note = UNMATCHED
         return Interval(piece.start, piece.end, self.category(piece, rank), int(graph.rank[op]),
-                        str(graph.lane[op]), str(graph.name[op]), note, group, op)
+                        str(graph.lane[op]), str(graph.name[op]), note, group, op,
+                        (*(int(graph.rank[h]) for h in piece.hops), int(graph.rank[op])))
 
 
 def own_or(category: str, op_rank: int, rank: int | None) -> str:
@@ -179,6 +240,15 @@ def own_or(category: str, op_rank: int, rank: int | None) -> str:
     is the rank's own is its own."""
     return causes.OWN_COMPUTE if category == causes.PEER_COMPUTE and op_rank == rank \
         else category
+
+
+def through(category: str, via: str) -> str:
+    """A peer's compute charged `category`, reached through a comm op charged `via`: in a
+    tensor- or context-parallel group the ranks run in lockstep, so waiting for a member's
+    compute is that group's collective waiting for its late member, never the pipeline's."""
+    if via in _LOCKSTEP and category in (causes.PIPELINE_FILL, causes.PEER_COMPUTE):
+        return via
+    return category
 
 
 def merged(pieces: list[Interval]) -> list[Interval]:
@@ -191,7 +261,8 @@ def merged(pieces: list[Interval]) -> list[Interval]:
                 and last.lane == piece.lane and piece.start - last.end <= 1_000
                 and last.unprofiled_group == piece.unprofiled_group):
             if piece.dur > last.dur:
-                last.name, last.note, last.op = piece.name, piece.note, piece.op
+                last.name, last.note, last.op, last.path = (piece.name, piece.note, piece.op,
+                                                             piece.path)
                 last.unprofiled_group = piece.unprofiled_group
             last.end = max(last.end, piece.end)
         else:
@@ -203,25 +274,50 @@ def comm_categories(frame: pd.DataFrame, groups: pd.DataFrame) -> np.ndarray:
     """Per op, the category its communication is charged to ("" for ops that are not
     communication): its group's parallel dimension's, else its comm type's, else the category
     of communication whose dimension is unknown (never a guess); a point-to-point op is a
-    pipeline transfer only when it names its peer. Blame, the metrics and the checks all read
-    a group's dimension from here."""
+    pipeline transfer only when it names its peer, and one whose profile names no group (gloo)
+    belongs to the dimension of the smallest groups holding both ends (a context-parallel
+    ring's sends are the CP group's). Blame, the metrics and the checks all read a group's
+    dimension from here."""
     dims = dict(zip(groups["group"], groups["dim"], strict=True)) if len(groups) else {}
     comm = frame["comm"].to_numpy(dtype=object)
-    unpeered = np.isin(comm, list(schema.P2P_COMMS)) & (frame["peer"].to_numpy() < 0)
+    peer = frame["peer"].to_numpy()
+    unpeered = np.isin(comm, list(schema.P2P_COMMS)) & (peer < 0)
     is_comm = frame["kind"].isin([schema.COLLECTIVE, schema.P2P]).to_numpy() | (comm != "")
     rows = np.flatnonzero(is_comm)  # factorize those only: most ops are not communication
     kinds = np.where(unpeered[rows], _UNPEERED, comm[rows])
-    codes, uniques = pd.factorize(pd.MultiIndex.from_arrays([frame["group"].iloc[rows], kinds]))
+    group = frame["group"].to_numpy(dtype=object)[rows]
+    pairs = np.isin(kinds, list(schema.P2P_COMMS)) & (group == "")
+    dim = np.array([dims.get(g, "") for g in group], dtype=object)
+    if pairs.any():
+        dim[pairs] = _pair_dims(frame["rank"].to_numpy()[rows][pairs], peer[rows][pairs], groups)
+    codes, uniques = pd.factorize(pd.MultiIndex.from_arrays([dim, kinds]))
     out = np.full(len(frame), "", dtype=object)
     if len(uniques):
-        out[rows] = np.array([causes.for_collective(str(dims.get(group, "")), str(kind))
-                              for group, kind in uniques], dtype=object)[codes]
+        out[rows] = np.array([causes.for_collective(str(d), str(kind)) for d, kind in uniques],
+                             dtype=object)[codes]
     return out
 
 
+def _pair_dims(rank: np.ndarray, peer: np.ndarray, groups: pd.DataFrame) -> np.ndarray:
+    """Per (rank, peer): the parallel dimension of the smallest groups of a known dimension
+    (not the world) holding both, "" where there is none or they disagree."""
+    known = groups[~groups["dim"].isin(["", "world"])] if len(groups) else groups
+    sets = sorted(((len(r), frozenset(int(x) for x in r), str(d))
+                   for r, d in zip(known.get("ranks", []), known.get("dim", []), strict=True)),
+                  key=lambda t: t[0])
+    found: dict[tuple[int, int], str] = {}
+    for key in set(zip(rank.tolist(), peer.tolist(), strict=True)):
+        holding = [(size, d) for size, members, d in sets if set(key) <= members]
+        smallest = {d for size, d in holding if size == holding[0][0]} if holding else set()
+        found[key] = smallest.pop() if len(smallest) == 1 else ""
+    return np.array([found[k] for k in zip(rank.tolist(), peer.tolist(), strict=True)],
+                    dtype=object)
+
+
 def pipelined_job(frame: pd.DataFrame, groups: pd.DataFrame) -> bool:
-    """Whether the job has pipeline parallelism: a pp group, or P2P ops naming their peer."""
+    """Whether the job has pipeline parallelism: a pp group, or P2P ops naming their peer
+    that are pipeline transfers (not a context-parallel ring's)."""
     if len(groups) and (groups["dim"] == "pp").any():
         return True
-    return bool(((frame["kind"] == schema.P2P) & (frame["peer"] >= 0)).any())
-
+    p2p = frame[(frame["kind"] == schema.P2P).to_numpy() & (frame["peer"] >= 0).to_numpy()]
+    return bool((comm_categories(p2p, groups) == causes.PP_P2P).any())

@@ -44,7 +44,15 @@ from tracegraph.analysis.analyze import (
     step_windows_of_markers,
     with_launched_work,
 )
-from tracegraph.analysis.blame import Blamer, Bubble, Interval, merged, own_or, pipelined_job
+from tracegraph.analysis.blame import (
+    Blamer,
+    Bubble,
+    Interval,
+    merged,
+    own_or,
+    pipelined_job,
+    through,
+)
 from tracegraph.analysis.bubbles import find_bubbles, sureness
 from tracegraph.analysis.critical_path import (
     PathSegment,
@@ -68,10 +76,12 @@ from tracegraph.analysis.stragglers import (
 from tracegraph.analysis.walk import STEP_TAIL, BindingWalk, Piece, fold_slivers, wake_up
 from tracegraph.graph.clock import estimate_offsets
 from tracegraph.graph.depgraph import (
+    CommTimes,
     DepGraph,
     assemble,
     build_graph,
     direct,
+    exchanges,
     missing_peers,
     posted_times,
 )
@@ -83,7 +93,7 @@ from tracegraph.loading.steps import step_markers
 from tracegraph.loading.trace import Trace, events_frame
 
 PARTS_PER_WORKER = 2  # parts (of contiguous ranks) per worker: walks of one part run in turn
-_COMM_COLUMNS = ["rank", "kind", "comm", "group", "seq", "peer", "start", "end", "stream",
+_COMM_COLUMNS = ["event", "rank", "kind", "comm", "group", "seq", "peer", "start", "end", "stream",
                  "lane"]
 
 
@@ -243,7 +253,11 @@ class _Parts:
         shift = comm["rank"].map(offsets).fillna(0).astype("int64").to_numpy()
         start = comm["start"].to_numpy() - shift
         dep, how = matches.dep.copy(), matches.how.copy()
-        direct(dep, how, start, comm["posted"].to_numpy() - shift, matches.instances)
+        exchange = comm["exchange"].to_numpy()
+        exchange = np.where(exchange >= 0, exchange + comm["op"].to_numpy() - comm["local"], -1)
+        times = CommTimes(start, comm["end"].to_numpy() - shift,
+                          comm["posted"].to_numpy() - shift, exchange)
+        direct(dep, how, times, matches.instances)
         unprofiled, unmatched = missing_peers(comm, matches, trace.groups, set(ranks))
         sampled = bool(len(matches.instances)) and not matches.instances["safe"].all()
         ops = comm["op"].to_numpy()
@@ -402,10 +416,12 @@ class _Parts:
                 "slow_op": slow_op}
 
 
-def _walk(items: list, done: dict[tuple, list]) -> tuple[list[Piece], tuple[float, str]]:
+def _walk(items: list, done: dict[tuple, list], vias: dict[int, tuple[str, int]] | None = None
+          ) -> tuple[list[Piece], tuple[float, str]]:
     """A walk's items with its reaches resolved: its pieces sorted by start, as the local walk
-    returns them, and its weakest link (BindingWalk._link: the first least sure one)."""
-    pieces, links = _expanded(items, done)
+    returns them, and its weakest link (BindingWalk._link: the first least sure one). Into
+    `vias`: the category and rank of each comm op a piece was reached through."""
+    pieces, links = _expanded(items, done, [], {} if vias is None else vias)
     weakest = (1.0, "")
     for confidence, reason in links:
         if confidence < weakest[0]:
@@ -413,10 +429,11 @@ def _walk(items: list, done: dict[tuple, list]) -> tuple[list[Piece], tuple[floa
     return sorted(pieces, key=lambda p: p.start), weakest
 
 
-def _expanded(items: list, done: dict[tuple, list]) -> tuple[list[Piece], list[tuple]]:
+def _expanded(items: list, done: dict[tuple, list], hops: list[int],
+              vias: dict[int, tuple[str, int]]) -> tuple[list[Piece], list[tuple]]:
     """A part's walk items as the local walk would have left them: pieces in walk order (each
-    reach replaced by the walk it stood for, each wake-up applied where it happened) and the
-    links followed, in order."""
+    reach replaced by the walk it stood for, each wake-up applied where it happened, each
+    reached through the crossings open then, `hops`) and the links followed, in order."""
     pieces: list[Piece] = []
     links: list[tuple] = []
     at: list[int] = []  # where in `pieces` each item began
@@ -424,14 +441,19 @@ def _expanded(items: list, done: dict[tuple, list]) -> tuple[list[Piece], list[t
         at.append(len(pieces))
         kind = item[0]
         if kind == "p":
-            pieces.append(Piece(*item[1:]))
+            pieces.append(Piece(*item[1:], hops=tuple(hops)))
+        elif kind == "v":
+            hops.append(item[1])
+            vias[item[1]] = item[2:]
+        elif kind == "e":
+            hops.pop()
         elif kind == "l":
             links.append(item[1:])
         elif kind == "w":
             first_new, b = item[1:]
             wake_up(pieces, at[first_new] if first_new < len(at) else len(pieces), b)
         else:
-            more, more_links = _expanded(done[item[1:]], done)
+            more, more_links = _expanded(done[item[1:]], done, hops, vias)
             pieces += more
             links += more_links
     return pieces, links
@@ -533,9 +555,10 @@ def _build(held: list) -> _Part:
 def _facts(part: _Part) -> _Facts:
     frame = part.ops.frame
     comm = np.flatnonzero(frame["kind"].isin(COMM_KINDS).to_numpy())
-    posted = posted_times(part.ops, part.ops.start)[comm]  # on the rank's clock, as `start`
-    table = frame.iloc[comm][_COMM_COLUMNS].reset_index(drop=True).assign(local=comm,
-                                                                          posted=posted)
+    exchange = exchanges(part.ops)
+    posted = posted_times(part.ops, part.ops.start, exchange)[comm]  # the rank's clock
+    table = frame.iloc[comm][_COMM_COLUMNS].reset_index(drop=True).assign(
+        local=comm, posted=posted, exchange=exchange[comm])  # local op ids: global once placed
     for column in ("kind", "comm", "group", "lane"):
         table[column] = table[column].astype(object)
     return _Facts(len(frame), len(part.ops.lanes), len(part.events),
@@ -646,15 +669,28 @@ def _own(piece: Interval | PathSegment, rank: int | None) -> Interval | PathSegm
     return piece
 
 
+def _through(piece: Interval | PathSegment, walked: Piece, vias: dict[int, tuple[str, int]]
+             ) -> Interval | PathSegment:
+    """A piece labelled on its part, charged as `Blamer.category` does for the crossing it was
+    reached through (`blame.through`), an interval with the ranks it was reached through."""
+    if walked.via >= 0:
+        piece.category = through(piece.category, vias[walked.via][0])
+    if isinstance(piece, Interval):
+        piece.path = (*(vias[h][1] for h in walked.hops), piece.rank)
+    return piece
+
+
 def _charged(batch: Batch, reached: list[Batch], sampled: bool, incomplete: dict[int, str]
              ) -> list[Bubble]:
     """The bubbles of a batch, their walks resolved, charged as `Blamer.intervals` does."""
     done, labels = _resolved(batch, reached)
     bubbles = []
     for bubble, items in batch[0]:
-        pieces, weakest = _walk(items, done)
-        bubble.intervals = merged([_own(Interval(p.start, p.end, *labels[(p.op, p.why)][0]),
-                                        bubble.rank) for p in fold_slivers(pieces)])
+        vias: dict[int, tuple[str, int]] = {}
+        pieces, weakest = _walk(items, done, vias)
+        bubble.intervals = merged([
+            _own(_through(Interval(p.start, p.end, *labels[(p.op, p.why)][0]), p, vias),
+                 bubble.rank) for p in fold_slivers(pieces)])
         bubble.confidence, bubble.evidence = sureness(weakest, sampled, incomplete, bubble.rank,
                                                       bubble.intervals)
         bubbles.append(bubble)
@@ -665,13 +701,16 @@ def _segments(batch: Batch, reached: list[Batch]) -> dict[int, list[PathSegment]
     """The critical paths of a batch, their walks resolved, as `critical_path` makes them."""
     done, labels = _resolved(batch, reached)
 
+    vias: dict[int, tuple[str, int]] = {}
+
     def segment(piece: Piece) -> PathSegment:
         rank, lane, name, kind, category, note, op = labels[(piece.op, piece.why)][1]
-        return PathSegment(rank, lane, name, kind, category, piece.start, piece.end, note, op)
+        return _through(PathSegment(rank, lane, name, kind, category, piece.start, piece.end,
+                                    note, op), piece, vias)
 
     paths = {}
     for k, ending, stop, hi, items in batch[0]:
-        pieces = with_tail(_walk(items, done)[0], ending, stop, hi)
+        pieces = with_tail(_walk(items, done, vias)[0], ending, stop, hi)
         paths[k] = segments(fold_slivers(pieces), segment)
     return paths
 
@@ -762,6 +801,12 @@ class _PartWalk(BindingWalk):
     def _wake(self, out: list, first_new: int, b: int) -> None:
         out.append(("wake", first_new, b))
 
+    def _enter(self, out: list, i: int) -> None:
+        out.append(("via", i))
+
+    def _leave(self, out: list, first_new: int, i: int) -> None:
+        out.append(("left",))
+
 
 class _PartBlamer(Blamer):
     """The blamer of a part: walks give their items (`_PartWalk`), each piece described once
@@ -799,6 +844,11 @@ class _PartBlamer(Blamer):
                 out.append(("r", int(self.part.remote[item[1] - self.walk.n]), *item[2:]))
             elif item[0] == "link":
                 out.append(("l", *item[1:]))
+            elif item[0] == "via":
+                out.append(("v", item[1] + first, str(self.comm_category[item[1]]),
+                            int(self.graph.rank[item[1]])))
+            elif item[0] == "left":
+                out.append(("e",))
             else:
                 out.append(("w", *item[1:]))
         return out

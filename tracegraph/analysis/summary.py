@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from tracegraph.analysis.analyze import Analysis
-from tracegraph.analysis.blame import Bubble, Interval
+from tracegraph.analysis.blame import Bubble, BubbleCause, Interval
 from tracegraph.analysis.critical_path import PathSegment
+from tracegraph.loading.groups import group_labels
 from tracegraph.whatif.ceilings import gain_ceilings
 
 NS_PER_MS = 1e6
@@ -17,13 +20,13 @@ def summarize(analysis: Analysis, *, step: int | None = None, top: int = 10,
     origin = analysis.origin
     bubbles = [b for b in analysis.bubbles if step is None or b.step == step]
     shown = bubbles if top <= 0 else bubbles[:top]
-    members = analysis.trace.group_members()
-    present = set(analysis.trace.rank_ids)
+    groups = Groups(analysis.trace.group_members(), set(analysis.trace.rank_ids),
+                    group_labels(analysis.trace.groups) if len(analysis.trace.groups) else {})
     return {
         "origin_ns": origin,
         "clock_offsets_ns": {str(r): int(ns) for r, ns in sorted(analysis.offsets.items())},
         "steps": _steps(analysis, step),
-        "bubbles": [_bubble(b, origin, members, present) for b in shown],
+        "bubbles": [_bubble(b, origin, groups) for b in shown],
         "bubble_count": len(bubbles),
         "blame": {k: round(v, 3) for k, v in analysis.blame(step).items()},
         "critical_path": {str(s): _path(p, origin, analysis.caveat)
@@ -62,14 +65,22 @@ def _steps(analysis: Analysis, only: int | None) -> list[dict[str, object]]:
     return rows
 
 
-def _bubble(bubble: Bubble, origin: int, members: dict[str, tuple[int, ...]],
-            present: set[int]) -> dict[str, object]:
+class Groups(NamedTuple):
+    """What a root's advice needs of the job's groups."""
+
+    members: dict[str, tuple[int, ...]]
+    present: set[int]  # ranks in the bundle
+    labels: dict[str, str]  # group id -> how reports name it
+
+
+def _bubble(bubble: Bubble, origin: int, groups: Groups) -> dict[str, object]:
     root = bubble.root
     return {
         "rank": bubble.rank, "lane": bubble.lane, "step": bubble.step, "name": bubble.name,
         "start_ms": _ms(bubble.start, origin), "dur_ms": _ms(bubble.dur),
         "category": bubble.category,
-        "root": _root(root, members, present) if root else None,
+        "root": _root(root, groups) if root else None,
+        "causes": [_cause(c, groups) for c in bubble.listed_causes()],
         "chain": bubble.chain(),
         "confidence": {"level": bubble.sureness, "score": round(bubble.confidence, 2),
                        **({"weakest_link": bubble.evidence} if bubble.evidence else {})},
@@ -77,18 +88,26 @@ def _bubble(bubble: Bubble, origin: int, members: dict[str, tuple[int, ...]],
     }
 
 
-def _root(piece: Interval, members: dict[str, tuple[int, ...]], present: set[int]
-          ) -> dict[str, object]:
+def _root(piece: Interval, groups: Groups) -> dict[str, object]:
     root: dict[str, object] = {"rank": piece.rank, "lane": piece.lane, "name": piece.name}
     if piece.note:
         root["note"] = piece.note
-    if piece.unprofiled_group in members:
-        absent = [r for r in members[piece.unprofiled_group] if r not in present]
+    group = piece.unprofiled_group
+    if group:
+        root["absent_group"] = groups.labels.get(group, group)
+    if group in groups.members:
+        absent = [r for r in groups.members[group] if r not in groups.present]
         if absent:
             root["profile_ranks"] = absent
         else:  # the profile states how many members, not which
             root["note"] += "; their global ranks are not stated: profile the whole group"
     return root
+
+
+def _cause(cause: BubbleCause, groups: Groups) -> dict[str, object]:
+    """A listed cause: its origin (as a root is told), time and share of the bubble."""
+    return {"category": cause.category, "ms": _ms(cause.ns), "share": round(cause.share, 4),
+            **_root(cause.longest, groups)}
 
 
 def _interval(piece: Interval, origin: int) -> dict[str, object]:

@@ -47,7 +47,9 @@ LAUNCHER = "waiting for the host op that launched it"
 STEP_TAIL = "step marker runs past the rank's last op"  # only at the end of a critical path
 NOT_RECORDED = "before the rank's profile begins: not recorded"
 _BLOCKING = (schema.WAIT, schema.COLLECTIVE, schema.P2P)
+_ACROSS_RANKS = ("p2p", "collective")  # dependencies matched on another rank
 UNMATCHED_CONFIDENCE = 0.3  # a comm op whose peers' op was not found: who was late is unknown
+ABSENT_PEER_CONFIDENCE = 0.5  # a P2P half whose peer is absent: a late post or the transfer
 
 
 @dataclass
@@ -58,6 +60,15 @@ class Piece:
     start: int
     end: int
     why: str
+    hops: tuple[int, ...] = ()
+    """the comm ops whose cross-rank dependencies the walk followed to reach it, outermost
+    first (a P2P half, a collective member of the rank that waited); () on the explained
+    lane's own rank"""
+
+    @property
+    def via(self) -> int:
+        """The last comm op crossed to reach it, -1 if none."""
+        return self.hops[-1] if self.hops else -1
 
     @property
     def dur(self) -> int:
@@ -138,7 +149,12 @@ class BindingWalk:
                 self._link(self.graph.dep_confidence[i], self.graph.dep_reason[i])
                 cut = min(b, release)
                 first_new = len(out)
+                crosses = self.graph.how[i] in _ACROSS_RANKS
+                if crosses:
+                    self._enter(out, i)
                 self._released(i, d, a, cut, depth + 1, out)
+                if crosses:
+                    self._leave(out, first_new, i)
                 if self.kind[i] == schema.WAIT and len(out) > first_new and cut < b:
                     self._wake(out, first_new, b)
                 else:
@@ -343,6 +359,15 @@ class BindingWalk:
         if self.end[r] < b:
             self._wake(out, first_new, b)
 
+    def _enter(self, out: list[Piece], i: int) -> None:
+        """The walk follows comm op i's dependency onto another rank (see `_leave`)."""
+
+    def _leave(self, out: list[Piece], first_new: int, i: int) -> None:
+        """Back from following op i's dependency: the pieces found since `first_new` were
+        reached through i, then through what they were reached by from there."""
+        for piece in out[first_new:]:
+            piece.hops = (i, *piece.hops)
+
     def _wake(self, out: list[Piece], first_new: int, b: int) -> None:
         """The lane was released a little after what it waited for ended: `wake_up`."""
         wake_up(out, first_new, b)
@@ -355,7 +380,11 @@ class BindingWalk:
         if self.kind[i] == schema.WAIT:
             _add(out, i, a, b, NO_RECORD)
         elif self.graph.unprofiled[i]:  # after the last profiled member: absent ones, or the
-            _add(out, i, a, b, WAITING)  # transfer itself; the profile cannot tell which
+            if self.kind[i] == schema.P2P:  # transfer itself; the profile cannot tell which
+                self._link(ABSENT_PEER_CONFIDENCE,
+                           f"peer {self.graph.peer[i]} absent from the bundle: when it posted "
+                           "its half is unknown")
+            _add(out, i, a, b, WAITING)
         elif self.graph.dep[i] < 0 and self.graph.unmatched[i]:
             self._link(UNMATCHED_CONFIDENCE, "a peer's matching op was not found")
             _add(out, i, a, b, WAITING)
@@ -391,9 +420,9 @@ def fold_slivers(pieces: list[Piece]) -> list[Piece]:
     for piece in sorted(pieces, key=lambda p: p.start):
         if piece.dur < MIN_PIECE_NS and kept and piece.start - kept[-1].end <= MIN_PIECE_NS:
             kept[-1] = Piece(kept[-1].op, kept[-1].start, max(kept[-1].end, piece.end),
-                             kept[-1].why)
+                             kept[-1].why, kept[-1].hops)
         else:
             kept.append(piece)
     if len(kept) > 1 and kept[0].dur < MIN_PIECE_NS:
-        kept[:2] = [Piece(kept[1].op, kept[0].start, kept[1].end, kept[1].why)]
+        kept[:2] = [Piece(kept[1].op, kept[0].start, kept[1].end, kept[1].why, kept[1].hops)]
     return kept

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, NamedTuple
 
@@ -21,15 +22,19 @@ from rich.table import Table
 from parsers.base import TraceError
 from parsers.text import printable
 from reports.markdown import (
+    SPREAD,
     STATE_TITLES,
     check_status,
     checks_line,
     diff_bubble_title,
+    gate_line,
     ms,
     nothing_verified_line,
     pct,
     ratio,
     root_text,
+    runs_text,
+    spread_cells,
     verdict_line,
     violation_line,
 )
@@ -49,9 +54,11 @@ if TYPE_CHECKING:
     from tracegraph.analysis.analyze import Analysis
 
 EXIT_FAILED = 1
+CONFIDENCE = 0.95  # tracegraph.verify.diff.CONFIDENCE, not imported: it loads the analysis
 DEFAULT_REGRESSION = "5%"
 VIOLATIONS_SHOWN = 10
-TEXT_COLUMNS = {"cause", "root", "chain", "measured", "after: measured", "result"}
+TEXT_COLUMNS = {"cause", "root", "chain", "measured", "after: measured", "result", "runs",
+                "interval (ms)", "p"}
 
 Profile = Bundle
 AsJson = Annotated[bool, typer.Option("--json", help="Print the result as JSON.")]
@@ -67,8 +74,17 @@ AllowNotApplicable = Annotated[bool, typer.Option(
 
 
 def diff_command(
-    before: Profile,
-    after: Profile,
+    before: Annotated[Path | None, typer.Argument(
+        help="The profile before the change (or --before, repeated).", show_default=False)
+    ] = None,
+    after: Annotated[Path | None, typer.Argument(
+        help="The profile after the change (or --after, repeated).", show_default=False)
+    ] = None,
+    before_runs: Annotated[list[Path] | None, typer.Option(
+        "--before", help="A run before the change (repeatable; 3-5 runs per side tell a change "
+                         "from run-to-run noise).")] = None,
+    after_runs: Annotated[list[Path] | None, typer.Option(
+        "--after", help="A run after the change (repeatable).")] = None,
     as_json: AsJson = False,
     markdown: Markdown = None,
     junit: Junit = None,
@@ -78,8 +94,15 @@ def diff_command(
     preset: Preset = None,
     allow_not_applicable: AllowNotApplicable = False,
     fail_on_regression: Annotated[str, typer.Option(
-        help='Exit 1 when the step time is worse by more than this ("5%"; "off" never).')
+        help='Exit 1 when the step time is worse by more than this ("5%"; "off" never); with '
+             'several runs per side, when its whole confidence interval is.')
     ] = DEFAULT_REGRESSION,
+    min_regression_ms: Annotated[float, typer.Option(
+        help="... and by more than this many ms (both thresholds must be passed).",
+        callback=milliseconds)] = 0.0,
+    confidence: Annotated[float, typer.Option(
+        help="Confidence level of the intervals and of the regression gate.",
+        callback=confidence_level)] = CONFIDENCE,
     top: Annotated[int, typer.Option(help="Chains shown per change (0: all).")] = 5,
     min_chain_ms: Annotated[float | None, typer.Option(
         help="Chains under this many ms per step count as absent (default: 1% of the step).",
@@ -94,16 +117,25 @@ def diff_command(
         "--predicted", help="BEFORE's prediction (`tracegraph whatif BEFORE … --json`): report "
                             "it against AFTER as measured.")] = None,
 ) -> None:
-    """Compare two profiles, before and after a fix; exit 1 on a regression or a failed check.
+    """Compare profiles before and after a fix; exit 1 on a regression or a failed check.
 
     Step time, bubble time by root cause, critical path, communication overlap, the chains that
     disappeared, shrank, grew or appeared, and the checks of --rules / --preset (docs/ci.md).
+
+    With several runs per side (--before, --after, repeated) each change carries a confidence
+    interval and a p-value; a change inside the run-to-run noise fails nothing.
     """
 
-    limit = _percent(fail_on_regression)
+    sides = {"before": [*([before] if before else []), *(before_runs or [])],
+             "after": [*([after] if after else []), *(after_runs or [])]}
+    for side, paths in sides.items():
+        if not paths:
+            raise typer.BadParameter(f"no {side} profile: give BEFORE AFTER, or --before and "
+                                     "--after (repeatable)", param_hint=f"--{side}")
+    gate = Gate(_percent(fail_on_regression), min_regression_ms, confidence)
     source = Source(threshold_ms, cache_dir, no_cache, jobs, rank_map, dask)
     outputs = Outputs(as_json, markdown, junit)
-    friendly_errors(_diff)(before, after, (rules, preset or []), limit, source, outputs,
+    friendly_errors(_diff)(sides, (rules, preset or []), gate, source, outputs,
                            html=html, top=top, min_chain_ms=min_chain_ms,
                            allow_not_applicable=allow_not_applicable, predicted=predicted)
 
@@ -184,49 +216,113 @@ def _warn_nothing_verified(report: dict[str, object]) -> None:
         warn(line)
 
 
-def _diff(before: Path, after: Path, spec: RuleSpec, limit: float | None,
-          source: Source, outputs: Outputs, *, html: Path | None, top: int,
-          min_chain_ms: float | None, allow_not_applicable: bool,
-          predicted: Path | None = None) -> None:
-    inputs_exist(before, after)
+class Gate(NamedTuple):
+    """When a step-time regression fails the diff: beyond both thresholds, with `confidence`."""
+
+    fail_pct: float | None  # None: never
+    min_ms: float
+    confidence: float
+
+
+class Profiled:
+    """One run of a diff: its bundle loaded, its numbers (cached beside the analysis), and its
+    analysis, read only when something needs it (checks, the HTML, a prediction) and let go
+    after the numbers and the checks: one run's analysis in memory at a time."""
+
+    def __init__(self, path: Path, source: Source, client: object):
+        from tracegraph.cli.common import load_bundle, remember
+        from tracegraph.verify.runs import run_of
+
+        self.source = source
+        self.trace = load_bundle(path, source.cache_dir, source.no_cache, source.jobs,
+                                 source.rank_map, client)
+        self._analysis: Analysis | None = None
+        run = remember(self.trace, source.cache_dir, source.no_cache, "diff-run",
+                       {"threshold_ms": source.threshold_ms}, lambda: run_of(self.analysis))
+        self.run = replace(run, source=printable(str(self.trace.source)))
+        self._analysis = None
+
+    def checked(self, rules: list) -> list:
+        """The checks of `rules` on this run (its analysis let go after)."""
+        from tracegraph.verify.checks import evaluate
+
+        results = evaluate(rules, self.analysis)
+        self._analysis = None
+        return results
+
+    @property
+    def analysis(self) -> Analysis:
+        if self._analysis is None:
+            from tracegraph.cli.common import analysis_of
+
+            self._analysis = analysis_of(self.trace, self.source.cache_dir,
+                                         self.source.no_cache, self.source.threshold_ms)
+        return self._analysis
+
+
+def _diff(sides: dict[str, list[Path]], spec: RuleSpec, gate: Gate, source: Source,
+          outputs: Outputs, *, html: Path | None, top: int, min_chain_ms: float | None,
+          allow_not_applicable: bool, predicted: Path | None = None) -> None:
+    inputs_exist(*sides["before"], *sides["after"])
     from reports.junit import diff_junit
     from reports.markdown import diff_markdown
 
     rules = _rules(spec)
     with source.cluster() as client:
-        old, new = source.analysis(before, client), source.analysis(after, client)
-        report = _compared(old, new, rules, limit, top, min_chain_ms, allow_not_applicable,
+        runs = {side: [Profiled(path, source, client) for path in paths]
+                for side, paths in sides.items()}
+        report = _compared(runs, rules, gate, top, min_chain_ms, allow_not_applicable,
                            predicted)
         if html:
             from reports.diff_html import write_diff_html
+            from tracegraph.verify.diff import representative
 
-            write_diff_html(old, new, report, html)
-    outputs.emit(report, lambda: diff_markdown(report), lambda: diff_junit(report, limit),
+            shown = {side: representative(report, side) for side in runs}
+            write_diff_html(runs["before"][shown["before"]].analysis,
+                            runs["after"][shown["after"]].analysis, report, html)
+    for line in report["warnings"]:
+        warn(line)
+    outputs.emit(report, lambda: diff_markdown(report), lambda: diff_junit(report),
                  print_diff)
     _warn_nothing_verified(report)
     if not report["passed"]:
         raise typer.Exit(EXIT_FAILED)
 
 
-def _compared(old: Analysis, new: Analysis, rules: list, limit: float | None, top: int,
+def _compared(runs: dict[str, list[Profiled]], rules: list, gate: Gate, top: int,
               min_chain_ms: float | None, allow_not_applicable: bool, predicted: Path | None
               ) -> dict[str, object]:
-    """The diff report of two analyses, with their checks, BEFORE's prediction (`predicted`)
-    against AFTER, and the verdict."""
-    from tracegraph.verify.checks import evaluate
-    from tracegraph.verify.diff import compare, regressed_beyond
+    """The diff report of two sides of runs, with their checks, BEFORE's prediction
+    (`predicted`) against AFTER, and the verdict."""
+    from tracegraph.verify.diff import compare, regressed_beyond, representative
 
-    report = compare(old, new, top=top, min_chain_ms=min_chain_ms)
-    report["checks"] = [{"name": b.name, "rule": b.rule, "before": b.as_dict(),
-                         "after": a.as_dict()}
-                        for b, a in zip(evaluate(rules, old), evaluate(rules, new), strict=True)]
+    report = compare([r.run for r in runs["before"]], [r.run for r in runs["after"]], top=top,
+                     min_chain_ms=min_chain_ms, confidence=gate.confidence)
+    report["checks"] = _checks(rules, runs)
     report |= _tally([c["after"] for c in report["checks"]], allow_not_applicable)
-    report["fail_on_regression_pct"] = limit
+    report["fail_on_regression_pct"] = gate.fail_pct
+    report["min_regression_ms"] = gate.min_ms
     if predicted is not None:
-        report["predicted"] = _checked_prediction(predicted, new)
-    report["passed"] = (not (limit is not None and regressed_beyond(report, limit))
-                        and _checks_pass(report))
+        measured = runs["after"][representative(report, "after")].analysis
+        report["predicted"] = _checked_prediction(predicted, measured)
+    regressed = gate.fail_pct is not None and regressed_beyond(report, gate.fail_pct,
+                                                                 gate.min_ms)
+    report["regressed_beyond_threshold"] = regressed
+    report["passed"] = not regressed and _checks_pass(report)
     return report
+
+
+def _checks(rules: list, runs: dict[str, list[Profiled]]) -> list[dict[str, object]]:
+    """Each check on both sides, each side's runs taken together (`checks.across_runs`)."""
+    if not rules:
+        return []
+    from tracegraph.verify.checks import across_runs
+
+    results = {side: [r.checked(rules) for r in found] for side, found in runs.items()}
+    merged = {side: [across_runs(list(per_rule)) for per_rule in zip(*found, strict=True)]
+              for side, found in results.items()}
+    return [{"name": b.name, "rule": b.rule, "before": b.as_dict(), "after": a.as_dict()}
+            for b, a in zip(merged["before"], merged["after"], strict=True)]
 
 
 def _check(bundle: Path, spec: RuleSpec, source: Source, outputs: Outputs,
@@ -266,6 +362,13 @@ def _checked_prediction(path: Path, after) -> dict[str, object]:
     return check_prediction(saved, after)
 
 
+def confidence_level(value: float) -> float:
+    """--confidence: a level from 0.5 to 0.999."""
+    if not (math.isfinite(value) and 0.5 <= value <= 0.999):
+        raise typer.BadParameter(f"{value} is not a confidence level from 0.5 to 0.999")
+    return value
+
+
 def _percent(text: str) -> float | None:
     """"5%" or "5" → 5.0; "off" → None."""
     if text.strip().lower() in ("off", "none", "never"):
@@ -284,29 +387,40 @@ def _percent(text: str) -> float | None:
 def print_diff(console: Console, report: dict[str, object]) -> None:
     """The diff as rich tables."""
     color = {"improved": "green", "regressed": "red"}.get(report["verdict"], "yellow")
-    console.print(f"[bold {color}]{verdict_line(report)}[/]", highlight=False)
+    console.print(f"[bold {color}]{escape(verdict_line(report))}[/]", highlight=False)
+    console.print(f"{report['noise']['note']}; {gate_line(report)}", highlight=False,
+                  markup=False)
     for side in ("before", "after"):
-        steps = ", ".join(f"#{s} {v:.3f}" for s, v in report[side]["steps"].items())
-        console.print(f"{side:<6} {report[side]['source']}: steps {steps} ms", highlight=False,
-                      markup=False)
+        for i, run in enumerate(report[side]["runs"], 1):
+            steps = ", ".join(f"#{s} {v:.3f}" for s, v in run["steps"].items() if v is not None)
+            label = side if len(report[side]["runs"]) == 1 else f"{side} {i}"
+            console.print(f"{label:<8} {run['source']}: steps {steps} ms", highlight=False,
+                          markup=False)
     _table(console, "step time per rank (ms, median over steps)", ("rank", "before", "after",
                                                                   "change"),
            [(r["rank"], ms(r["before_ms"]), ms(r["after_ms"]), pct(r["change_pct"]))
             for r in report["ranks"]])
-    for title, key, name in ((diff_bubble_title(report), "bubbles", "category"),
-                             ("critical path by cause (ms per step)", "critical_path", "kind")):
-        _table(console, title, (name, "before", "after", "change"),
-               [(r[name], ms(r["before_ms"]), ms(r["after_ms"]), ms(r["change_ms"]))
-                for r in report[key]])
+    estimated = report["noise"]["estimated"]
+    _table(console, diff_bubble_title(report),
+           ("category", "before", "after", "change", *SPREAD[:2 * estimated]),
+           [(r["category"], ms(r["before_ms"]), ms(r["after_ms"]), ms(r["change_ms"]),
+             *spread_cells(r, estimated)) for r in report["bubbles"]])
+    _table(console, "critical path by cause (ms per step)", ("kind", "before", "after", "change"),
+           [(r["kind"], ms(r["before_ms"]), ms(r["after_ms"]), ms(r["change_ms"]))
+            for r in report["critical_path"]])
     _table(console, "communication overlapped by main-lane compute",
            ("group kind", "before", "after", "comm ms/step before", "after"),
            [(r["dim"], ratio(r["before"]), ratio(r["after"]), ms(r["before_comm_ms"]),
              ms(r["after_comm_ms"])) for r in report["overlap"]])
-    for state, chains in report["chains"].items():
+    repeated = max(len(report[side]["runs"]) for side in ("before", "after")) > 1
+    for state, chains in report["chains"].items():  # the interval: in the JSON and Markdown
         _table(console, f"{STATE_TITLES[state].lower()} (ms per step)",
-               ("waiting rank", "cause", "root", "before", "after", "chain"),
+               ("waiting rank", "cause", "root", "before", "after", *["runs"][:repeated],
+                *SPREAD[1:2 * estimated], "chain"),
                [(str(c["rank"]), c["category"], root_text(c), ms(c["before_ms"]),
-                 ms(c["after_ms"]), " ← ".join(map(str, c["chain"]))) for c in chains])
+                 ms(c["after_ms"]), *[runs_text(c, report)][:repeated],
+                 *spread_cells(c, estimated)[1:], " ← ".join(map(str, c["chain"])))
+                for c in chains])
     if report.get("predicted"):
         from reports.whatif import print_checked
 

@@ -16,12 +16,16 @@ def simulate_command(
                                             "ep-a2a-overlap, ep-a2a-serialized, "
                                             "pp-compute-straggler, pp-compute-healthy, large")],
     output: Annotated[Path, typer.Option("-o", "--output", help="OUT.tar.gz")],
-    fmt: Annotated[str, typer.Option("--format", help="ascend (MindSpore msprof) or kineto")
+    fmt: Annotated[str, typer.Option("--format", help="ascend (MindSpore msprof), kineto or nsys "
+                                     "(Nsight Systems SQLite exports, one per node)")
                    ] = "ascend",
     layout: Annotated[str, typer.Option(
         help="text (trace_view.json and friends) or db (ascend only: the profiler's .db export)")
     ] = "text",
     seed: Annotated[int, typer.Option(help="Noise seed; same seed, same bytes.")] = 0,
+    jitter: Annotated[float | None, typer.Option(
+        help="Run-to-run and step-to-step variation of compute speed, as on a real cluster "
+             "(log-normal sigma: 0.01 is about 1 %; default none).")] = None,
     ranks: Annotated[int | None, typer.Option(help="Profiled ranks.")] = None,
     pp: Annotated[int | None, typer.Option(help="Pipeline stages.")] = None,
     vpp: Annotated[int | None, typer.Option(help="Virtual stages (chunks) per rank.")] = None,
@@ -36,13 +40,14 @@ def simulate_command(
 
     overrides = {k: v for k, v in {"ranks": ranks, "pp": pp, "vpp": vpp,
                                    "microbatches": microbatches, "steps": steps,
-                                   "kernels_per_chunk": kernels_per_chunk}.items()
+                                   "kernels_per_chunk": kernels_per_chunk,
+                                   "jitter": jitter}.items()
                  if v is not None}
 
     @friendly_errors
     def run() -> None:
-        if fmt not in ("ascend", "kineto"):
-            raise TraceError(f"--format {fmt}: must be ascend or kineto")
+        if fmt not in ("ascend", "kineto", "nsys"):
+            raise TraceError(f"--format {fmt}: must be ascend, kineto or nsys")
         if layout not in ("text", "db") or (layout == "db" and fmt != "ascend"):
             raise TraceError(f"--layout {layout}: must be text, or db with --format ascend")
         try:

@@ -30,13 +30,14 @@ edges. `cycles()` checks the whole graph in linear time.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
 
 from tracegraph import schema
 from tracegraph.graph.match import Matches
-from tracegraph.graph.ops import Ops
+from tracegraph.graph.ops import Ops, first_parts
 
 EDGE_KINDS = ("stream", "launch", "event_wait", "queue", "gate", "host_wait", "p2p",
               "collective", "host_release", "host_sync", "shared_queue")
@@ -68,7 +69,7 @@ class DepGraph:
     gates: dict[int, list[int]]  # op -> the stream waits gating it
     host_gate: np.ndarray  # per op: what a host stream-wait call made its stream wait for, -1
     launch: np.ndarray  # when the host enqueued each device op (aligned ns), -1 if unknown
-    unprofiled: np.ndarray  # per collective op: members of its group absent from the bundle
+    unprofiled: np.ndarray  # per comm op: members of its group (a P2P: its peer) absent
     unmatched: np.ndarray  # per comm op: a profiled peer's matching op was not found
     posted: np.ndarray  # when each op was posted (a gloo P2P record: when its host call began)
     warnings: list[str] = field(default_factory=list)
@@ -83,6 +84,7 @@ class DepGraph:
         self.lane = frame["lane"].to_numpy()
         self.name = frame["name"].to_numpy()
         self.group = frame["group"].to_numpy()
+        self.peer = frame["peer"].to_numpy()
         self.lane_id = frame["lane_id"].to_numpy()
         self.mode = self.ops.lanes["mode"].to_numpy()[self.lane_id]
         self.host_side = host_side_waits(frame)
@@ -146,12 +148,17 @@ class DepGraph:
 
     # --- edges inferred by time, recorded as found ---------------------------------------------
     def host_release(self, n: int, lo: int, hi: int) -> int:
-        """The comm op on another thread of n's rank that ended last within 2 ms (3 % of a long
+        """The comm op on another thread of n's rank that ended last within 5 ms (3 % of a long
         stretch) before `hi` (or 20 µs after: host clocks), after `lo`, and ran through most of
-        [lo, hi]: what n's idle thread waited for, or -1."""
+        [lo, hi] — else whose thread did, one op after another (a queue of reductions launched
+        earlier, the last one short): what n's idle thread waited for, or -1."""
         window = max(RELEASE_WINDOW_NS, int(RELEASE_SHARE * (hi - lo)))
-        return self._releaser(n, lo, hi, window, self._comm_ends, lane_busy=False,
-                              late_ns=HOST_CLOCK_SLACK_NS)
+        found = self._releaser(n, lo, hi, window, self._comm_ends, lane_busy=False,
+                               late_ns=HOST_CLOCK_SLACK_NS)
+        if found < 0:
+            found = self._releaser(n, lo, hi, window, self._comm_ends, lane_busy=True,
+                                   late_ns=HOST_CLOCK_SLACK_NS)
+        return found
 
     def shared_queue(self, n: int, lo: int, hi: int) -> int:
         """The device op on another stream of n's rank that ended last < 50 µs before `hi`, that
@@ -232,17 +239,30 @@ def build_graph(ops: Ops, matches: Matches, start: np.ndarray, end: np.ndarray,
     present = set(np.unique(ops.frame["rank"].to_numpy()).tolist())
     unprofiled, unmatched = missing_peers(ops.frame, matches, groups, present)
     dep, how = matches.dep.copy(), matches.how.copy()
-    direct(dep, how, start, posted_times(ops, start), matches.instances)
+    exchange = exchanges(ops)
+    times = CommTimes(start, end, posted_times(ops, start, exchange), exchange)
+    direct(dep, how, times, matches.instances)
     sampled = bool(len(matches.instances)) and not matches.instances["safe"].all()
     return assemble(ops, matches, start, end, (dep, how, unprofiled, unmatched), sampled)
 
 
-def direct(dep: np.ndarray, how: np.ndarray, start: np.ndarray, posted: np.ndarray,
-           instances: pd.DataFrame) -> None:
-    """Direct the matched pairs and instances (in place): the half posted last of a transfer
-    (`posted_times`), the member of an instance that arrived last, releases the others."""
-    _direct_pairs(dep, how, posted)
-    _direct_instances(dep, how, start, instances)
+class CommTimes(NamedTuple):
+    """Per op, what directing the matches reads (aligned clock)."""
+
+    start: np.ndarray
+    end: np.ndarray
+    posted: np.ndarray  # `posted_times`
+    exchange: np.ndarray  # `exchanges`
+
+
+def direct(dep: np.ndarray, how: np.ndarray, times: CommTimes, instances: pd.DataFrame) -> None:
+    """Direct the matched pairs and instances (in place): of a transfer, the half posted last
+    releases the other; the member of an instance that arrived last releases the others; an
+    exchange's waits go to the half that ends it (`_close_exchanges`)."""
+    partner = np.where(how == "p2p", dep, -1)
+    _direct_pairs(dep, how, times.posted)
+    _close_exchanges(dep, how, times, partner)
+    _direct_instances(dep, how, times.start, instances)
 
 
 def assemble(ops: Ops, matches: Matches, start: np.ndarray, end: np.ndarray,
@@ -305,12 +325,11 @@ def host_side_waits(frame: pd.DataFrame) -> np.ndarray:
     return (frame["kind"].to_numpy() == schema.WAIT) & (frame["wait_on_stream"].to_numpy() >= 0)
 
 
-def posted_times(ops: Ops, start: np.ndarray) -> np.ndarray:
-    """When each op was posted. On a host thread, the P2P calls and records that follow each
-    other with no other op between (a send, or a batch exchange: `c10d::send`, `gloo:send`,
-    `c10d::recv_`, `gloo:recv`) were posted together when the first call began: gloo's
-    `gloo:recv` starts when `c10d::recv_` returns, and that call may block. Every other op when
-    it starts."""
+def exchanges(ops: Ops) -> np.ndarray:
+    """Per op, the first op of the exchange it is part of (-1 outside one): on a host thread,
+    the P2P calls and records that follow each other with no other op between (a send, or a
+    batch: `c10d::send`, `gloo:send`, `c10d::recv_`, `gloo:recv`) were posted together, when
+    the first call began."""
     frame = ops.frame
     kind, comm = frame["kind"].to_numpy(), frame["comm"].to_numpy()
     thread = ops.lanes["mode"].to_numpy()[frame["lane_id"].to_numpy()] == schema.THREAD
@@ -320,18 +339,53 @@ def posted_times(ops: Ops, start: np.ndarray) -> np.ndarray:
     joined = part & (prev >= 0) & part[np.maximum(prev, 0)]  # continues the run before it
     run = np.cumsum(~joined)  # ops are sorted by lane and time: a run is consecutive
     first = np.flatnonzero(~joined)
-    posted = start.copy()
-    posted[part] = start[first[run[part] - 1]]
+    out = np.full(len(frame), -1, dtype=np.int64)
+    out[part] = first[run[part] - 1]
+    return out[first_parts(frame)]  # a record's later parts belong to its first's exchange
+
+
+def posted_times(ops: Ops, start: np.ndarray, exchange: np.ndarray | None = None
+                 ) -> np.ndarray:
+    """When each op was posted: an exchange's (`exchanges`) when its first call began (gloo's
+    `gloo:recv` starts when `c10d::recv_` returns, and that call may block), every other op
+    when it starts."""
+    exchange = exchanges(ops) if exchange is None else exchange
+    posted = start[first_parts(ops.frame)]
+    inside = exchange >= 0
+    posted[inside] = start[exchange[inside]]
     return posted
 
 
-def _direct_pairs(dep: np.ndarray, how: np.ndarray, start: np.ndarray) -> None:
+def _close_exchanges(dep: np.ndarray, how: np.ndarray, times: CommTimes,
+                     partner: np.ndarray) -> None:
+    """An exchange's thread waits once, for all its halves (`batch_isend_irecv`, or a send
+    with its wait): the waits its halves have on their peers belong to the half that ends
+    last, which waits for the peer half posted last. The other records only post (a gloo send
+    record ends when posted; it completes when its receive is)."""
+    halves = np.flatnonzero((partner >= 0) & (times.exchange >= 0))
+    if not len(halves):
+        return
+    table = pd.DataFrame({"half": halves, "exchange": times.exchange[halves],
+                          "end": times.end[halves], "dep": dep[halves]})
+    closing = table.loc[table.groupby("exchange")["end"].idxmax(), ["exchange", "half"]]
+    waiting = table[table["dep"] >= 0]
+    if not len(waiting):
+        return
+    waiting = waiting.assign(late=times.posted[waiting["dep"].to_numpy()])
+    binding = waiting.loc[waiting.groupby("exchange")["late"].idxmax(), ["exchange", "dep"]]
+    closed = binding.merge(closing, on="exchange")
+    dep[waiting["half"].to_numpy()], how[waiting["half"].to_numpy()] = -1, ""
+    dep[closed["half"].to_numpy()] = closed["dep"].to_numpy()
+    how[closed["half"].to_numpy()] = "p2p"
+
+
+def _direct_pairs(dep: np.ndarray, how: np.ndarray, posted: np.ndarray) -> None:
     """Each matched P2P pair keeps one edge: from the half posted last to the other."""
     halves = np.flatnonzero(how == "p2p")
     partner = dep[halves]
     first = halves < partner
     a, b = halves[first], partner[first]
-    b_later = (start[b] > start[a]) | ((start[b] == start[a]) & (b > a))
+    b_later = (posted[b] > posted[a]) | ((posted[b] == posted[a]) & (b > a))
     later, earlier = np.where(b_later, b, a), np.where(b_later, a, b)
     dep[later], how[later] = -1, ""
     dep[earlier] = later
@@ -403,7 +457,8 @@ def _device_prev(prev: np.ndarray, host_side: np.ndarray) -> np.ndarray:
 def missing_peers(frame: pd.DataFrame, matches: Matches, groups: pd.DataFrame | None,
                   present: set[int]) -> tuple[np.ndarray, np.ndarray]:
     """Per op: how many members of its collective's group are absent from the bundle (of its
-    stated size, when the profile states more members than it names), and whether a peer in
+    stated size, when the profile states more members than it names; a P2P half's peer, 1),
+    and whether a peer in
     the bundle has no op matched with it (its instance lacks a present member, or a P2P half
     has no partner): then who arrived last is unknown."""
     n = len(frame)
@@ -418,7 +473,10 @@ def missing_peers(frame: pd.DataFrame, matches: Matches, groups: pd.DataFrame | 
         unprofiled[ops] = max(size, len(ranks)) - profiled
         unmatched[ops] = len(ops) < profiled
     p2p = (frame["kind"].to_numpy() == schema.P2P) & (matches.how != "p2p")
-    unmatched[p2p & np.isin(frame["peer"].to_numpy(), list(present))] = True
+    peer = frame["peer"].to_numpy()
+    here = np.isin(peer, list(present))
+    unmatched[p2p & here] = True
+    unprofiled[p2p & ~here & (peer >= 0)] = 1  # its peer, absent: posted late, or on time
     return unprofiled, unmatched
 
 

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from tracegraph import schema
-from tracegraph.graph.ops import Ops
+from tracegraph.graph.ops import Ops, continued
 
 RECORD_WINDOW_NS = 5_000  # a blocking wait ends at most this long after the record it waited on
 BLOCKING_WAIT_NS = 1_000  # shorter waits were already satisfied: no dependency to draw
@@ -218,7 +218,7 @@ def _latest_other_lane(start: np.ndarray, lane: np.ndarray, end: np.ndarray,
 # --- P2P -------------------------------------------------------------------------------------
 def _match_p2p(ops: Ops, result: Matches) -> None:
     frame = ops.frame
-    p2p = frame[(frame["kind"] == schema.P2P)]
+    p2p = frame[(frame["kind"] == schema.P2P).to_numpy() & ~continued(frame)]
     if p2p.empty:
         return
     with_seq = p2p[(p2p["seq"] >= 0) & (p2p["group"] != "")]
@@ -257,7 +257,7 @@ def _link_pairs(halves: pd.DataFrame, keys: list[str], result: Matches) -> None:
 def _match_collectives(ops: Ops, group_members: dict[str, tuple[int, ...]],
                        result: Matches) -> pd.DataFrame:
     frame = ops.frame
-    coll = frame[frame["kind"] == schema.COLLECTIVE]
+    coll = frame[(frame["kind"] == schema.COLLECTIVE).to_numpy() & ~continued(frame)]
     named = coll["group"].astype(object)  # a Categorical takes no new value
     coll = coll.assign(group=named.where(named != "", "stream " + coll["stream"].astype(str)))
     keyed = []

@@ -125,6 +125,26 @@ def restore_strings(column: pd.Series, dtype: object) -> pd.Series:
                      name=column.name)
 
 
+def first_parts(frame: pd.DataFrame) -> np.ndarray:
+    """Per op, the first op of its event: a comm record nested ops split in parts (gloo's
+    async `gloo:recv` around the compute it overlaps) is one transfer, posted in its first part
+    and waited for in its last. Other ops are their own first part."""
+    first = np.arange(len(frame))
+    comm = np.flatnonzero(frame["kind"].isin([schema.P2P, schema.COLLECTIVE]).to_numpy())
+    if len(comm):
+        keys = [frame["rank"].to_numpy()[comm], frame["event"].to_numpy()[comm]]
+        first[comm] = pd.Series(comm).groupby(keys, sort=False).transform("first").to_numpy()
+    return first
+
+
+def continued(frame: pd.DataFrame) -> np.ndarray:
+    """Mask of the comm ops whose event goes on in a later op (`first_parts`): matched by
+    their last part only."""
+    keys = frame[["rank", "event"]]
+    return (keys.duplicated(keep="last").to_numpy()
+            & frame["kind"].isin([schema.P2P, schema.COLLECTIVE]).to_numpy())
+
+
 def comm_calls(frame: pd.DataFrame) -> np.ndarray:
     """Mask of the host ops that are communication calls (a blocking `c10d::recv_`): time in
     them is the communication's, not the rank's own work."""

@@ -234,15 +234,21 @@ def sources(bundle: Bundle, todo: list[tuple[RankFiles, str]], spill: Path | Non
         for profile, key in todo:
             yield profile, key, bundle.read
         return
-    owner = {m: (p, k) for p, k in todo for m in p.files.values()}
+    owners: dict[str, list[tuple[RankFiles, str]]] = {}  # a member may hold several ranks
+    for p, k in todo:
+        for m in set(p.files.values()):
+            owners.setdefault(m, []).append((p, k))
     contents: dict[str, dict[str, bytes | Path]] = {p.root: {} for p, _ in todo}
-    for member, data in bundle.stream(set(owner)):
-        profile, key = owner[member]
-        got = contents[profile.root]
-        got[member] = _spilled(data, spill) if spill and len(data) >= SPILL_BYTES else data
+    for member, data in bundle.stream(set(owners)):
+        alone = len(owners[member]) == 1  # a file another rank reads too is never removed
+        kept = _spilled(data, spill) if spill and alone and len(data) >= SPILL_BYTES else data
         del data
-        if len(got) == len(profile.files):
-            yield profile, key, _Streamed(contents.pop(profile.root))
+        for profile, key in owners[member]:
+            got = contents[profile.root]
+            got[member] = kept
+            if len(got) == len(set(profile.files.values())):
+                yield profile, key, _Streamed(contents.pop(profile.root))
+        del kept
     for profile, key in todo:  # members the archive did not deliver in full
         if profile.root in contents:
             yield profile, key, _Streamed(contents.pop(profile.root))

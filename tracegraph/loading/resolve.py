@@ -26,6 +26,10 @@ belongs to) are narrowed by facts that hold in every run, never by preference fo
   profiled member shows the same issued sequence on a group and each k-th op overlaps on all of
   them, k is the instance number (`seq`).
 
+NCCL profiles read from Nsight Systems exports name a P2P peer by its place in the communicator
+(NCCL's `Peer rank`); each member states its own place (`meta["cross_rank"]["comm_ranks"]`), so
+the peer is the profiled rank that states that place in that communicator.
+
 What none of these settles (two groups with the same members, say) stays open, with a warning.
 Overlaps allow SAME_HOST_SLACK_NS when every rank ran on one host (one clock), else
 OTHER_HOST_SLACK_NS; if the timings contradict every candidate of some op, they are not used.
@@ -33,7 +37,7 @@ OTHER_HOST_SLACK_NS; if the timings contradict every candidate of some op, they 
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -115,6 +119,7 @@ def settle_rows(gloo: list[ParsedRank], comm: dict[int, CommRows], present: set[
     if not gloo:
         return []
     bundle = _bundle(gloo, comm, present)
+    _place_peers(bundle, gloo)
     if any(p.meta["cross_rank"].get("open") for p in gloo):
         _settle_p2p(bundle)
         _settle_collectives(bundle)
@@ -157,6 +162,24 @@ def _span(table: pa.Table) -> tuple[int, int]:
 
 
 # --- P2P -------------------------------------------------------------------------------------
+def _place_peers(b: _Bundle, ranks: list[ParsedRank]) -> None:
+    """The global peer of each P2P op that names its peer by its place in its communicator: the
+    profiled rank stating that place there (see the module docstring)."""
+    places = {(group, int(place)): p.rank for p in ranks
+              for group, place in p.meta["cross_rank"].get("comm_ranks", {}).items()}
+    c = b.comm
+    sends = c["comm"].isin(["send", "batch_send_recv"]).to_numpy()
+    local = np.where(sends, c["dst_rank"], c["src_rank"])
+    open_ = ((c["kind"] == schema.P2P).to_numpy() & (c["peer"] == NO_INT).to_numpy()
+             & (c["group"] != "").to_numpy() & (local >= 0) & bool(places))
+    found = np.array([places.get((g, int(p)), NO_INT) for g, p in zip(
+        c["group"].to_numpy()[open_], local[open_], strict=True)], dtype=c["peer"].dtype)
+    c.loc[open_, "peer"] = found
+    for rank, count in Counter(c["rank"].to_numpy()[open_][found == NO_INT].tolist()).items():
+        b.warnings.append(f"rank {rank}: {count} P2P ops name their peer by its place in a "
+                          "communicator no profiled rank states its place in: peer unknown")
+
+
 def _settle_p2p(b: _Bundle) -> None:
     """Peer and group of the P2P classes that the pairing facts settle (module docstring)."""
     c = b.comm

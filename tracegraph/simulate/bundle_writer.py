@@ -1,9 +1,9 @@
 """Simulated bundles: all ranks' profiles in one deterministic `.tar.gz`, the ground truth beside.
 
-The format writers (`write_ascend`, `write_kineto`) turn a `Timeline` into `(member path, data)`
-pairs, one rank at a time and in sorted path order; this module streams them into an archive that
-the same Timeline always regenerates bit for bit, and holds the helpers both writers share (rank
-clocks, host-call room, chunked JSON row rendering).
+The format writers (`write_ascend`, `write_kineto`, `write_nsys`) turn a `Timeline` into
+`(member path, data)` pairs, one rank (an nsys export: one node) at a time and in sorted path
+order; this module streams them into an archive that the same Timeline always regenerates bit for
+bit, and holds the helpers the writers share (rank clocks, host-call room, chunked JSON rows).
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ EPOCH_NS = 1_767_225_600_000_000_000
 
 WRITERS = {("ascend", "text"): "tracegraph.simulate.write_ascend",
            ("ascend", "db"): "tracegraph.simulate.write_ascend_db",
-           ("kineto", "text"): "tracegraph.simulate.write_kineto"}
+           ("kineto", "text"): "tracegraph.simulate.write_kineto",
+           ("nsys", "text"): "tracegraph.simulate.write_nsys"}
 """(format, layout) -> the writer module; `db` is the profiler's database export."""
 DEVICE_KINDS = (COMPUTE, WAIT, RECORD, COLLECTIVE, P2P, MEMCPY)
 CHUNK_ROWS = 100_000  # rows rendered per chunk: bounds the Python objects alive at once

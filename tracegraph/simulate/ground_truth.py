@@ -24,6 +24,7 @@ from tracegraph.causes import (
     HOST_LAUNCH,
     PIPELINE_FILL,
     for_collective,
+    root_of,
 )
 from tracegraph.schema import COLLECTIVE, COMPUTE, MEMCPY, P2P, RECORD, WAIT
 
@@ -264,20 +265,17 @@ def _bubble(item: tuple, pieces: list[Piece], chain: list[int], origin: int,
             names: KernelNames) -> dict[str, object]:
     _, op, a, b = item
     ms = lambda t: round((t - origin) / MS, 6)  # noqa: E731
-    totals: dict[str, int] = defaultdict(int)
-    by_root: dict[tuple, int] = defaultdict(int)
-    for p in pieces:
-        totals[p.category] += p.end - p.start
-    dominant = max(totals, key=totals.get)
-    for p in pieces:
-        if p.category == dominant:
-            by_root[(p.how, p.op.idx)] += p.end - p.start
-    top = max(by_root, key=by_root.get)
-    root_piece = next(p for p in pieces if (p.how, p.op.idx) == top)
+    by_origin: dict[tuple, list[Piece]] = defaultdict(list)
+    for p in pieces:  # a collective's waiting and transfer are its group's: one origin
+        by_origin[p.category, p.op.rank, p.op.group if p.op.kind == COLLECTIVE else ""].append(p)
+    origins = sorted(by_origin.values(), key=lambda ps: -sum(p.end - p.start for p in ps))
+    top = origins[root_of([(sum(p.end - p.start for p in ps), min(p.start for p in ps))
+                           for ps in origins], b - a)]
+    root_piece = max(top, key=lambda p: p.end - p.start)
     return {
         "rank": op.rank, "lane": f"stream {op.stream}", "step": op.step,
         "start_ms": ms(a), "end_ms": ms(b), "dur_ms": round((b - a) / MS, 6),
-        "category": dominant, "root": _root(root_piece, names), "chain": chain,
+        "category": root_piece.category, "root": _root(root_piece, names), "chain": chain,
         "intervals": [{"start_ms": ms(p.start), "end_ms": ms(p.end), "category": p.category,
                        **_root(p, names)} for p in pieces],
     }

@@ -33,6 +33,7 @@ MS = 1_000_000
 MIB = 1 << 20
 SEGMENT = 2 * MIB  # the caching allocator reserves device memory in 2 MiB segments
 TICK_NS = 20  # an EVENT_RECORD, or an EVENT_WAIT whose record had already executed
+JITTER_STREAM = 0x7177  # seeds the jitter draws apart from every other draw of a run
 WORD = {sch.FWD: "FWD", sch.BWD: "BWD"}
 INT_FIELDS = {"rank": "rank", "stream": "stream", "start_ns": "start", "peer": "peer", "seq": "seq",
               "bytes": "nbytes", "event_id": "event_id", "launch_ns": "launch", "step": "step",
@@ -382,12 +383,25 @@ class Job:
         slow = rank == sc.slow_rank and sc.slow_factor != 1.0
         late = rank == sc.late_rank and pattern.endswith("mlp") and sc.late_factor != 1.0
         factor *= (sc.slow_factor if slow else 1.0) * (sc.late_factor if late else 1.0)
+        factor *= self._pace(rank, ctx.step)
         dur = int(ms * MS * factor * np.exp(self.rng.normal(0.0, sc.noise)))
         facts = dict(phase=act.phase, microbatch=act.microbatch, chunk=act.chunk) if act else {}
         layers = self.layers[act.chunk] if act else 1
         return self._op(ctx, sc.compute_stream, COMPUTE, dur=dur, pattern=pattern,
                         launches=kernel_count(pattern, layers, sc.kernels_per_chunk),
                         meta_step=meta, slow=slow or late, **facts)
+
+    def _pace(self, rank: int, step: int) -> float:
+        """The compute speed factor of `rank` in `step`: the run's (placement, clocks, the
+        cluster's load that day) times the rank's in that step, both log-normal with sigma
+        `jitter`; 1 without jitter. Drawn from (seed, rank, step) alone, so the other draws and
+        the bundle of a run without jitter stay as they were."""
+        sigma = self.sc.jitter
+        if not sigma:
+            return 1.0
+        run = np.random.default_rng([self.seed, JITTER_STREAM]).normal(0.0, sigma)
+        mine = np.random.default_rng([self.seed, JITTER_STREAM, rank, step]).normal(0.0, sigma)
+        return float(np.exp(run + mine))
 
     def _comm(self, ctx: _Ctx, stream: int, kind: str, comm: str, group: str, nbytes: int,
               dur: int, dtype: str, **facts: object) -> Op:

@@ -42,6 +42,7 @@ class Scenario:
     memcpy_us: int = 30
     input_bytes: int = 32_768
     noise: float = 0.01  # log-normal sigma of compute durations
+    jitter: float = 0.0  # log-normal sigma of a run's compute speed and of each rank's per step
     stage_scale: tuple[float, ...] = ()  # per-stage compute speed (calibration), () = all 1
     slow_rank: int = -1
     slow_factor: float = 1.0

@@ -116,9 +116,9 @@ def files(timeline: Timeline) -> dict[str, bytes]:
 
 def iter_files(timeline: Timeline) -> Iterator[tuple[str, Data]]:
     """Every rank's `.pt.trace.json.gz` as (file name, bytes), in name order, one at a time."""
-    job = _Job(timeline)
-    for rank in sorted(timeline.ranks, key=lambda r: _RankTrace(job, r).file_name):
-        trace = _RankTrace(job, rank)
+    job = Job(timeline)
+    for rank in sorted(timeline.ranks, key=lambda r: RankTrace(job, r).file_name):
+        trace = RankTrace(job, rank)
         yield trace.file_name, gzip_bytes(trace.trace())
 
 
@@ -129,8 +129,8 @@ def group_ids(timeline: Timeline) -> dict[str, str]:
 
 def rank_roots(timeline: Timeline) -> dict[int, str]:
     """Rank -> its trace file."""
-    job = _Job(timeline)
-    return {r: _RankTrace(job, r).file_name for r in timeline.ranks}
+    job = Job(timeline)
+    return {r: RankTrace(job, r).file_name for r in timeline.ranks}
 
 
 @dataclass(frozen=True)
@@ -158,7 +158,7 @@ def _pgs(timeline: Timeline) -> dict[str, _PG]:
             for i, (gid, info) in enumerate(sorted(timeline.groups.items()), start=1)}
 
 
-class _Job:
+class Job:
     """Job-wide facts: process groups, world size, clocks, comm sequence numbers."""
 
     def __init__(self, timeline: Timeline):
@@ -183,10 +183,10 @@ class _Job:
         return comm_instances(self.frames)
 
 
-class _RankTrace:
+class RankTrace:
     """One rank's Chrome trace."""
 
-    def __init__(self, job: _Job, rank: int):
+    def __init__(self, job: Job, rank: int):
         self.job, self.rank = job, rank
         self.pid = 200_000 + (rank * 7919) % 4_000_000
         self.device = rank % 8
@@ -264,7 +264,7 @@ class _RankTrace:
         ops = self.ops
         plain = ops[ops["kind"].isin((COMPUTE, MEMCPY))]
         aten = np.where(plain["kind"] == MEMCPY, "aten::copy_",
-                        plain["name"].map({n: _kernel(n)[0] for n in plain["name"].unique()}))
+                        plain["name"].map({n: cuda_kernel(n)[0] for n in plain["name"].unique()}))
         lt, before, after = (plain[c].to_numpy(np.int64) for c in ("lt", "before", "after"))
         rows = render(_IDS, ["cpu_op", json_strings(aten), self.pid, self.pid,
                              *self._times(lt - before * 4 // 5, before * 4 // 5 + after * 9 // 10),
@@ -370,7 +370,7 @@ class _RankTrace:
                 *self._nccl(ops[ops["kind"].isin((COLLECTIVE, P2P))])]
 
     def _kernels(self, ops: pd.DataFrame) -> list[bytes]:
-        names = {n: n if self.job.cuda else _kernel(n)[1] for n in ops["name"].unique()}
+        names = {n: n if self.job.cuda else cuda_kernel(n)[1] for n in ops["name"].unique()}
         return render(
             '{"ph":"X","cat":"kernel","name":%s,"pid":%d,"tid":%d,"ts":%d.%03d,"dur":%d.%03d,'
             '"args":{"External id":%d,"queued":0,"device":%d,"context":1,"stream":%d,'
@@ -396,12 +396,12 @@ class _RankTrace:
 
     def _nccl(self, ops: pd.DataFrame) -> list[bytes]:
         """NCCL kernels on their PG's stream, with the comm args kineto copies onto them."""
-        return self._x("kernel", [self._nccl_name(r.comm, r.dtype) for r in ops.itertuples()],
+        return self._x("kernel", [self.nccl_kernel_name(r.comm, r.dtype) for r in ops.itertuples()],
                        self.device, ops["stream"].to_numpy(), ops["t0"], ops["dur_ns"],
                        [self._nccl_args(r) for r in ops.itertuples()])
 
     @staticmethod
-    def _nccl_name(comm: str, dtype: str) -> str:
+    def nccl_kernel_name(comm: str, dtype: str) -> str:
         comm = "send" if comm == "batch_send_recv" else comm
         suffix = DTYPES.get(dtype or "FP32", DTYPES["FP32"])[1]
         return f"ncclDevKernel_{COMMS[comm][3].format(dt=suffix)}({_NCCL_ARGS})"
@@ -434,12 +434,12 @@ class _RankTrace:
                 for s, rc, e, st, c in zip(wait_on, record_corr, waits["event_id"],
                                            waits["stream"], waits["corr"], strict=True)]
         return self._x("cuda_sync", ["Stream Wait Event"] * len(waits), self.device,
-                       waits["stream"].to_numpy(np.int64), *_sync_span(waits), args)
+                       waits["stream"].to_numpy(np.int64), *sync_span(waits), args)
 
     def _flows(self) -> list[bytes]:
         """`ac2g` flows from each launch / wait call to its GPU activity (id = correlation)."""
         ops = self.ops[self.ops["kind"] != RECORD]
-        gpu_ts = np.where(ops["kind"] == WAIT, _sync_span(ops)[0], ops["t0"])
+        gpu_ts = np.where(ops["kind"] == WAIT, sync_span(ops)[0], ops["t0"])
         corr, n = ops["corr"].to_numpy(), len(ops)
         start = render('{"ph":"s","id":%d,"pid":%d,"tid":%d,"ts":%d.%03d,"cat":"ac2g",'
                        '"name":"ac2g"}',
@@ -521,7 +521,7 @@ class _RankTrace:
         ]).encode()]
 
 
-def _kernel(name: str) -> tuple[str, str]:
+def cuda_kernel(name: str) -> tuple[str, str]:
     """(aten op, CUDA kernel name) for a compute op named like an Ascend kernel or a CUDA one."""
     low = name.lower()
     for words, aten, kernel in KERNELS:
@@ -535,7 +535,7 @@ def _us_text(ns: int) -> str:
     return f"{ns // 1000}.{ns % 1000:03d}"
 
 
-def _sync_span(ops: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+def sync_span(ops: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     """(ts, dur) of the `cuda_sync` activity of each wait: inside its runtime call (host time)."""
     call = ops["after"].to_numpy(np.int64) // 2  # the runtime call's duration
     return ops["lt"].to_numpy(np.int64) + call // 5, call * 3 // 5

@@ -45,7 +45,7 @@ from __future__ import annotations
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 
@@ -105,6 +105,27 @@ class CheckResult:
                 "violations": [{"rank": v.rank, "stage": v.stage, "step": v.step,
                                 "start_ms": _round(v.start_ms), "end_ms": _round(v.end_ms),
                                 "text": v.text} for v in self.violations]}
+
+
+def across_runs(results: list[CheckResult]) -> CheckResult:
+    """One rule's results on several runs of a profile as one: failed when it failed in any run
+    (each place labelled with its run, from 1), not applicable when it was in every run, else
+    passed; the summary counts the runs and quotes the first failing (else applying) one."""
+    if len(results) == 1:
+        return results[0]
+    labelled = list(enumerate(results, 1))
+    failed = [(i, r) for i, r in labelled if r.status == FAIL]
+    applied = [(i, r) for i, r in labelled if r.status != NOT_APPLICABLE]
+    if not applied:
+        return results[0]
+    index, shown = (failed or applied)[0]
+    skipped = len(results) - len(applied)
+    count = (f"fails in {len(failed)} of {len(results)} runs" if failed
+             else f"passes in {len(applied)} of {len(results)} runs")
+    count += f", not applicable in {skipped}" if skipped else ""
+    return CheckResult(shown.name, shown.rule, not failed, f"{count}; run {index}: {shown.summary}",
+                       [replace(v, text=f"run {i}: {v.text}") for i, r in failed
+                        for v in r.violations], shown.value)
 
 
 def status_counts(statuses: Iterable[str]) -> dict[str, int]:

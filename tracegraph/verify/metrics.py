@@ -2,8 +2,8 @@
 
 Every time here is on the aligned clock (`ops.frame` times minus the rank's clock offset), every
 duration in ms. "Step time" is the slowest rank's `ProfilerStep` of each step, its median over the
-steps; per-step quantities (bubble time, critical-path composition, chains) are means over the
-profiled steps, so profiles holding different numbers of steps compare fairly.
+steps; per-step quantities (bubble time, critical-path composition, chains) are tables with a
+row per step, which `verify.runs` keeps and `diff` compares step against step.
 """
 
 from __future__ import annotations
@@ -66,11 +66,6 @@ def rank_step_ms(analysis: Analysis) -> dict[int, float]:
             .items()}
 
 
-def step_count(analysis: Analysis) -> int:
-    """Profiled steps (at least 1, so per-step means of an empty analysis stay 0)."""
-    return max(len(step_ms(analysis)), 1)
-
-
 # --- bubbles and the critical path -------------------------------------------------------------
 def bubble_table(analysis: Analysis) -> pd.DataFrame:
     """step, rank, category, ms: bubble time charged to each root-cause category."""
@@ -78,21 +73,6 @@ def bubble_table(analysis: Analysis) -> pd.DataFrame:
             for b in analysis.bubbles for category, ns in b.by_category().items()]
     table = pd.DataFrame(rows, columns=["step", "rank", "category", "ms"])
     return table.groupby(["step", "rank", "category"], as_index=False)["ms"].sum()
-
-
-def bubble_ms(analysis: Analysis) -> dict[str, float]:
-    """Category -> bubble ms per step, summed over ranks (rank·ms: not one rank's time)."""
-    per = bubble_table(analysis).groupby("category")["ms"].sum() / step_count(analysis)
-    return {str(k): float(v) for k, v in per.sort_values(ascending=False).items()}
-
-
-def rank_bubble_ms(analysis: Analysis) -> dict[int, dict[str, float]]:
-    """Rank -> category -> bubble ms per step."""
-    per = bubble_table(analysis).groupby(["rank", "category"])["ms"].sum() / step_count(analysis)
-    out: dict[int, dict[str, float]] = {}
-    for (rank, category), ms in per.items():
-        out.setdefault(int(rank), {})[str(category)] = float(ms)
-    return out
 
 
 class SlowestRank(NamedTuple):
@@ -122,14 +102,13 @@ def slowest_rank_bubbles(analysis: Analysis) -> dict[int, SlowestRank]:
     return out
 
 
-def critical_path_ms(analysis: Analysis) -> dict[str, dict[str, float]]:
-    """The critical path's composition: ms per step by op kind and by rank."""
-    rows = [(seg.category, str(seg.rank), (seg.end - seg.start) / NS_PER_MS)
-            for path in analysis.critical_paths.values() for seg in path]
-    table = pd.DataFrame(rows, columns=["kind", "rank", "ms"])
-    count = max(len(analysis.critical_paths), 1)
-    return {by: _sorted((table.groupby(by)["ms"].sum() / count).to_dict())
-            for by in ("kind", "rank")}
+def critical_path_table(analysis: Analysis) -> pd.DataFrame:
+    """step, kind, rank, ms: the critical path's composition per step, by the root-cause
+    category its segments are charged to and the rank they ran on."""
+    rows = [(step, seg.category, int(seg.rank), (seg.end - seg.start) / NS_PER_MS)
+            for step, path in analysis.critical_paths.items() for seg in path]
+    table = pd.DataFrame(rows, columns=["step", "kind", "rank", "ms"])
+    return table.groupby(["step", "kind", "rank"], as_index=False)["ms"].sum()
 
 
 def _sorted(values: dict[str, float]) -> dict[str, float]:
@@ -175,23 +154,26 @@ def lane_family(lane: str) -> str:
     return _THREAD_ID.sub("thread", lane)
 
 
+CHAIN_KEYS = ["rank", "category", "root_rank", "root_lane", "root_op"]
+
+
 def chain_table(analysis: Analysis) -> pd.DataFrame:
-    """Bubbles grouped into chains by (rank, category, root rank, root lane, root op family):
-    ms per step, bubble count, and the longest bubble as the example."""
+    """Bubbles grouped into chains by (rank, category, root rank, root lane, root op family),
+    per step: step, the keys, ms, bubble count, and the longest bubble as the example."""
     rows = []
     for bubble in analysis.bubbles:
         root = bubble.root
-        rows.append({"rank": bubble.rank, "category": bubble.category,
+        rows.append({"step": bubble.step, "rank": bubble.rank, "category": bubble.category,
                      "root_rank": root.rank if root else bubble.rank,
                      "root_lane": lane_family(root.lane) if root else "",
                      "root_op": op_family(root.name) if root else "",
                      "ns": bubble.dur, "bubble": bubble})
-    keys = ["rank", "category", "root_rank", "root_lane", "root_op"]
+    keys = ["step", *CHAIN_KEYS]
     if not rows:
         return pd.DataFrame(columns=[*keys, "ms", "count", "example"])
     table = pd.DataFrame(rows)
     grouped = table.groupby(keys, sort=False)
     chains = grouped.agg(ns=("ns", "sum"), count=("ns", "size")).reset_index()
-    chains["ms"] = chains.pop("ns") / NS_PER_MS / step_count(analysis)
+    chains["ms"] = chains.pop("ns") / NS_PER_MS
     chains["example"] = grouped["bubble"].agg(lambda b: max(b, key=lambda x: x.dur)).to_numpy()
     return chains.sort_values("ms", ascending=False, ignore_index=True)
