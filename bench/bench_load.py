@@ -297,13 +297,7 @@ def run(fmt: str, args: argparse.Namespace, workdir: Path) -> None:
     paths = inputs(fmt, args.ranks, args.mb, workdir)
     size = sum(p.stat().st_size for p in paths)
     bundle, cache = workdir / fmt, workdir / f"cache-{fmt}"
-    print(f"\n{fmt}: {args.ranks} ranks, {size / 2**20:.0f} MiB of JSON, {os.cpu_count()} CPUs")
-    once = {None: "", PSS: "peak PSS", PAGES: "peak pages"}[args.once]
-    print(f"{'':<34} {'wall':>10} {'CPU':>9} {'peak RSS':>12} {once:>12} {'events/s':>13} "
-          f"{'vs orjson':>8}")
-    floor = measure(decode_floor(paths, "orjson"))
-    table = Table(int(floor.out), args.once, floor.wall)
-    table.row("orjson.loads (decode floor)", table.with_once(floor, decode_floor(paths, "orjson")))
+    table = against_floor(f"{fmt}: {args.ranks} ranks", paths, args.once)
     table.step("json.loads", decode_floor(paths, "json"))
     table.step("start-up (python + imports)", STARTUP)
     clear = lambda: shutil.rmtree(cache, ignore_errors=True)  # noqa: E731
@@ -328,6 +322,19 @@ def run(fmt: str, args: argparse.Namespace, workdir: Path) -> None:
           f"compare the peak columns with the {size / 2**20:.0f} MiB of JSON)")
 
 
+def against_floor(title: str, paths: list[Path], once: str | None) -> Table:
+    """The table of one input: its heading, and its first row, the decode floor of `paths`."""
+    size = sum(p.stat().st_size for p in paths)
+    print(f"\n{title}, {size / 2**20:.0f} MiB of JSON, {os.cpu_count()} CPUs")
+    label = {None: "", PSS: "peak PSS", PAGES: "peak pages"}[once]
+    print(f"{'':<34} {'wall':>10} {'CPU':>9} {'peak RSS':>12} {label:>12} {'events/s':>13} "
+          f"{'vs orjson':>8}")
+    floor = measure(decode_floor(paths, "orjson"))
+    table = Table(int(floor.out), once, floor.wall)
+    table.row("orjson.loads (decode floor)", table.with_once(floor, decode_floor(paths, "orjson")))
+    return table
+
+
 def run_large(args: argparse.Namespace, workdir: Path) -> None:
     """The `large` scenario in Ascend format (8 ranks of ~1.5 GB of trace_view.json): the
     decode floor of its traces, and `tracegraph analyze` of the .tar.gz `simulate` writes and
@@ -335,14 +342,7 @@ def run_large(args: argparse.Namespace, workdir: Path) -> None:
     archive, folder = large_inputs(workdir)
     paths = sorted(folder.rglob("trace_view.json"))
     size = sum(p.stat().st_size for p in paths)
-    print(f"\nlarge --format ascend: {len(paths)} ranks, {size / 2**20:.0f} MiB of JSON, "
-          f"{os.cpu_count()} CPUs")
-    once = {None: "", PSS: "peak PSS", PAGES: "peak pages"}[args.once]
-    print(f"{'':<34} {'wall':>10} {'CPU':>9} {'peak RSS':>12} {once:>12} {'events/s':>13} "
-          f"{'vs orjson':>8}")
-    floor = measure(decode_floor(paths, "orjson"))
-    table = Table(int(floor.out), args.once, floor.wall)
-    table.row("orjson.loads (decode floor)", table.with_once(floor, decode_floor(paths, "orjson")))
+    table = against_floor(f"large --format ascend: {len(paths)} ranks", paths, args.once)
     table.step("tracegraph analyze, the .tar.gz", analyze_command(archive))
     table.step("tracegraph analyze, the folder", analyze_command(folder))
     print(f"(compare the peak columns with the {size / 2**20:.0f} MiB of JSON)")
