@@ -1,6 +1,7 @@
 """The Ascend timeline read in slices: the same rows as the file decoded whole, on the real
 traces; slices bounded; cuts inside strings found out; damaged files said as the whole decoding
-says them; the `.db` reader's chunked fetch; parser processes counted from the memory at hand."""
+says them; a cut name still counted; the `.db` reader's chunked fetch; big members of a
+streamed archive parsed from files; parser processes counted from the memory at hand."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ from pathlib import Path
 import pytest
 
 import tracegraph
-from parsers import ascend, ascend_db, ascend_rows, ascend_stream, ascend_timeline
+from parsers import ascend, ascend_db, ascend_rows, ascend_stream, ascend_timeline, parse_rank
 from parsers.ascend_layout import APO
 from parsers.base import ParsedRank, RankFiles, TraceError
+from parsers.values import NAME_LIMIT
 from tracegraph import schema
 from tracegraph.loading import jobs, loader
 
@@ -246,3 +248,20 @@ def test_big_members_of_a_streamed_archive_are_parsed_from_files(
     assert not any(p.exists() for p in spilled)
     from_dir = tracegraph.load(real / "ascend/torch_npu_ddp8_level1", use_cache=False, jobs=1)
     assert from_tar.events.equals(from_dir.events)
+
+
+def test_a_name_cut_short_is_still_counted(tmp_path: Path) -> None:
+    """A megabyte name is cut to NAME_LIMIT characters; its column stays plain text (not
+    dictionary-coded) so that the one check of every parser's output counts the cut."""
+    meta = {"ph": "M", "name": "process_name", "pid": 7, "tid": 0,
+            "args": {"name": "Ascend Hardware"}}
+    tasks = [{"ph": "X", "name": name, "pid": 7, "tid": 2, "ts": f"{100 + i}.5", "dur": 0.25,
+              "args": {"Task Type": "AI_CORE", "Physic Stream Id": 2}}
+             for i, name in enumerate(["k" * (1 << 20), "short"])]
+    (tmp_path / "trace_view.json").write_text(json.dumps([meta, *tasks]))
+    files = RankFiles("ascend", "r", {"trace": "trace_view.json"}, 0)
+    parsed = parse_rank(files, lambda m: (tmp_path / m).read_bytes())
+    names = parsed.events.column("name")
+    assert names.type == "string" and parsed.events.column("lane").type != "string"
+    assert [len(n) for n in names.to_pylist()] == [NAME_LIMIT, 5]
+    assert any("1 name values cut short (too long)" in w for w in parsed.warnings)
