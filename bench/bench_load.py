@@ -5,15 +5,18 @@ N ranks of ~35 MB each with shifted times; an Ascend trace_view.json scaled up t
 times, each in a fresh process: `json.load` and `orjson.loads` of the same bytes (one process, one
 file after another: the decode floor), the start-up floor (interpreter + tracegraph's imports),
 tracegraph's cold load (no cache, ranks parsed in parallel), its warm load (from the cache) and
-what its cache keys take (a content digest of every rank's bytes, done by every load), the
-full analysis and, given `--hta-python`, Holistic Trace Analysis' `TraceAnalysis(trace_dir=...)`
-on the same Kineto files. Prints wall time, peak memory of the whole process tree (RSS summed,
-which counts the pages forked workers share with their parent once per process; with --pss the
-PSS, which splits them; with --pages the physical pages resident in the tree, each counted
-once), events/s and ratios against orjson.
+what its cache keys take (a content digest of every rank's bytes, done by every load), the full
+analysis, the `analyze` command as a user runs it and, given `--hta-python`, Holistic Trace
+Analysis' `TraceAnalysis(trace_dir=...)` on the same Kineto files. `--format large-ascend` takes
+`simulate large --format ascend` instead (8 ranks of ~1.5 GB) and times the `analyze` command on
+its .tar.gz and on the folder it unpacks to. Prints wall time, CPU seconds of the process tree,
+peak memory of the whole process tree (RSS summed, which counts the pages forked workers share
+with their parent once per process; with --pss the PSS, which splits them; with --pages the
+physical pages resident in the tree, each counted once), events/s and ratios against orjson.
 
-    .venv/bin/python bench/bench_load.py [--ranks 8] [--mb 35] [--format kineto|ascend|both]
-        [--hta-python /tmp/hta-venv/bin/python] [--workdir DIR] [--pss | --pages]
+    .venv/bin/python bench/bench_load.py [--ranks 8] [--mb 35]
+        [--format kineto|ascend|both|large-ascend] [--hta-python /tmp/hta-venv/bin/python]
+        [--workdir DIR] [--pss | --pages]
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import resource
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from collections.abc import Callable
@@ -68,7 +72,8 @@ def _shifted(event: dict, by: float) -> dict:
 
 
 def build_ascend(out: Path, ranks: int, megabytes: float) -> list[Path]:
-    """N rank folders whose trace_view.json repeats a real one (times shifted) to ~`megabytes`."""
+    """N rank folders whose trace_view.json repeats a real one (times shifted) to ~`megabytes`,
+    written a copy at a time (the bytes `json.dumps` of the whole list gives)."""
     events = json.loads((ASCEND_SOURCE / "ASCEND_PROFILER_OUTPUT/trace_view.json").read_bytes())
     timed = [float(e["ts"]) for e in events if "ts" in e and e.get("ph") != "M"]
     span = max(timed) - min(timed)
@@ -79,11 +84,14 @@ def build_ascend(out: Path, ranks: int, megabytes: float) -> list[Path]:
         (folder / "ASCEND_PROFILER_OUTPUT").mkdir(parents=True, exist_ok=True)
         info = json.loads((ASCEND_SOURCE / "profiler_info_0.json").read_text())
         (folder / f"profiler_info_{rank}.json").write_text(json.dumps(dict(info, rank_id=rank)))
-        repeated = [e if k == 0 or e.get("ph") == "M" or "ts" not in e
-                    else dict(e, ts=f"{float(e['ts']) + k * span * 1.01:.3f}")
-                    for k in range(copies) for e in events]
         path = folder / "ASCEND_PROFILER_OUTPUT/trace_view.json"
-        path.write_text(json.dumps(repeated))
+        with path.open("w") as file:
+            for k in range(copies):
+                copy = [e if k == 0 or e.get("ph") == "M" or "ts" not in e
+                        else dict(e, ts=f"{float(e['ts']) + k * span * 1.01:.3f}")
+                        for e in events]
+                file.write(("[" if k == 0 else ", ") + json.dumps(copy)[1:-1])
+            file.write("]")
         paths.append(path)
     return paths
 
@@ -262,22 +270,22 @@ class Table:
     def __init__(self, decoded: int, once: str | None, floor: float) -> None:
         self.decoded, self.once, self.floor = decoded, once, floor
 
-    def step(self, label: str, code: str, python: str = sys.executable,
+    def step(self, label: str, code: str | list[str], python: str = sys.executable,
              before: Callable[[], None] | None = None) -> Step:
-        """Measure `code` (again for its shared-once peak when asked, after `before`) and print
-        the row."""
-        run = self.with_once(measure(code, python), code, python, before)
+        """Measure `code` (Python source, or a command line) again for its shared-once peak
+        when asked (after `before`) and print the row."""
+        run = self.with_once(_measured(code, python, RSS), code, python, before)
         self.row(label, run)
         return run
 
-    def with_once(self, run: Step, code: str, python: str = sys.executable,
+    def with_once(self, run: Step, code: str | list[str], python: str = sys.executable,
                   before: Callable[[], None] | None = None) -> Step:
         """`run` with the peak of a second run of `code` sampled as `self.once` (PSS or the
         distinct pages), when asked for."""
         if self.once:
             if before:
                 before()
-            run.once = measure(code, python, self.once).once
+            run.once = _measured(code, python, self.once).once
         return run
 
     def row(self, label: str, run: Step) -> None:
@@ -288,17 +296,22 @@ class Table:
               f"{self.decoded / run.wall / 1e6:8.2f} M ev/s {ratio}", flush=True)
 
 
+def _measured(code: str | list[str], python: str, metric: str) -> Step:
+    return measure_command(code, metric) if isinstance(code, list) else measure(code, python,
+                                                                                 metric)
+
+
+def analyze_command(bundle: Path) -> list[str]:
+    """`tracegraph analyze --json --no-cache BUNDLE`, as a user runs it (parser processes as
+    the CPUs and the memory allow)."""
+    return [sys.executable, "-m", "tracegraph", "analyze", "--json", "--no-cache", str(bundle)]
+
+
 def run(fmt: str, args: argparse.Namespace, workdir: Path) -> None:
     paths = inputs(fmt, args.ranks, args.mb, workdir)
     size = sum(p.stat().st_size for p in paths)
     bundle, cache = workdir / fmt, workdir / f"cache-{fmt}"
-    print(f"\n{fmt}: {args.ranks} ranks, {size / 2**20:.0f} MiB of JSON, {os.cpu_count()} CPUs")
-    once = {None: "", PSS: "peak PSS", PAGES: "peak pages"}[args.once]
-    print(f"{'':<34} {'wall':>10} {'CPU':>9} {'peak RSS':>12} {once:>12} {'events/s':>13} "
-          f"{'vs orjson':>8}")
-    floor = measure(decode_floor(paths, "orjson"))
-    table = Table(int(floor.out), args.once, floor.wall)
-    table.row("orjson.loads (decode floor)", table.with_once(floor, decode_floor(paths, "orjson")))
+    table = against_floor(f"{fmt}: {args.ranks} ranks", paths, args.once)
     table.step("json.loads", decode_floor(paths, "json"))
     table.step("start-up (python + imports)", STARTUP)
     clear = lambda: shutil.rmtree(cache, ignore_errors=True)  # noqa: E731
@@ -318,6 +331,7 @@ def run(fmt: str, args: argparse.Namespace, workdir: Path) -> None:
                tracegraph_code(bundle, workdir / f"cold-{fmt}", True, False))
     table.step("  the same, one process (--jobs 1)",
                tracegraph_code(bundle, workdir / f"cold-{fmt}", True, False, jobs=1))
+    table.step("tracegraph analyze (command), cold", analyze_command(bundle))
     if fmt == "kineto":
         why = hta_missing(args.hta_python)
         if why:
@@ -326,6 +340,50 @@ def run(fmt: str, args: argparse.Namespace, workdir: Path) -> None:
             table.step("HTA TraceAnalysis load", hta_code(bundle), args.hta_python)
     print(f"(kept {cold.out.split()[0]} normalized events of {table.decoded} JSON events; "
           f"compare the peak columns with the {size / 2**20:.0f} MiB of JSON)")
+
+
+def against_floor(title: str, paths: list[Path], once: str | None) -> Table:
+    """The table of one input: its heading, and its first row, the decode floor of `paths`."""
+    size = sum(p.stat().st_size for p in paths)
+    print(f"\n{title}, {size / 2**20:.0f} MiB of JSON, {os.cpu_count()} CPUs")
+    label = {None: "", PSS: "peak PSS", PAGES: "peak pages"}[once]
+    print(f"{'':<34} {'wall':>10} {'CPU':>9} {'peak RSS':>12} {label:>12} {'events/s':>13} "
+          f"{'vs orjson':>8}")
+    floor = measure(decode_floor(paths, "orjson"))
+    table = Table(int(floor.out), once, floor.wall)
+    table.row("orjson.loads (decode floor)", table.with_once(floor, decode_floor(paths, "orjson")))
+    return table
+
+
+def run_large(args: argparse.Namespace, workdir: Path) -> None:
+    """The `large` scenario in Ascend format (8 ranks of ~1.5 GB of trace_view.json): the
+    decode floor of its traces, and `tracegraph analyze` of the .tar.gz `simulate` writes and
+    of the folder it unpacks to."""
+    archive, folder = large_inputs(workdir)
+    paths = sorted(folder.rglob("trace_view.json"))
+    size = sum(p.stat().st_size for p in paths)
+    table = against_floor(f"large --format ascend: {len(paths)} ranks", paths, args.once)
+    table.step("tracegraph analyze, the .tar.gz", analyze_command(archive))
+    table.step("tracegraph analyze, the folder", analyze_command(folder))
+    print(f"(compare the peak columns with the {size / 2**20:.0f} MiB of JSON)")
+
+
+def large_inputs(workdir: Path) -> tuple[Path, Path]:
+    """`simulate large --format ascend`'s archive and the folder it unpacks to, made unless
+    `workdir` holds them."""
+    archive, folder = workdir / "large-ascend.tar.gz", workdir / "large-ascend"
+    if not archive.exists():
+        subprocess.run([sys.executable, "-m", "tracegraph", "simulate", "large", "--format",
+                        "ascend", "-o", str(archive)], check=True, cwd=REPO,
+                       stdout=subprocess.DEVNULL)
+    if not folder.exists():
+        partial = workdir / "large-ascend.partial"
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir()
+        with tarfile.open(archive) as tar:
+            tar.extractall(partial, filter="data")
+        partial.rename(folder)
+    return archive, folder
 
 
 def inputs(fmt: str, ranks: int, megabytes: float, workdir: Path) -> list[Path]:
@@ -344,7 +402,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=8)
     parser.add_argument("--mb", type=float, default=35.0, help="MiB of JSON per rank")
-    parser.add_argument("--format", choices=["kineto", "ascend", "both"], default="both")
+    parser.add_argument("--format", choices=["kineto", "ascend", "both", "large-ascend"],
+                        default="both", help="large-ascend: `simulate large --format ascend` "
+                        "(8 ranks x ~1.5 GB), analysed from its archive and its folder")
     parser.add_argument("--hta-python", help="a Python with HolisticTraceAnalysis installed "
                         "(e.g. /tmp/hta-venv/bin/python); HTA is skipped without it")
     parser.add_argument("--pss", dest="once", action="store_const", const=PSS, help="also run "
@@ -363,7 +423,10 @@ def main() -> None:
         workdir = args.workdir or Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
         for fmt in formats:
-            run(fmt, args, workdir)
+            if fmt == "large-ascend":
+                run_large(args, workdir)
+            else:
+                run(fmt, args, workdir)
 
 
 if __name__ == "__main__":

@@ -1,22 +1,21 @@
 """Ascend profiles (torch_npu `*_ascend_pt`, MindSpore `*_ascend_ms`, msprof `PROF_*`) -> EVENTS.
 
-trace_view.json / msprof_*.json slices are decoded by msgspec into Structs that declare only the
-fields used; the columns are then built with pyarrow / numpy / pandas. Layers are told apart by
-their `process_name` metadata, never by pid arithmetic (by the events' content when a truncated
-file lost its metadata). communication.json gives each HCCL op its full group; a rank without a
-timeline gets its communication ops from that file alone. Which folders are Ascend profiles, and
-which of their files play which role, is `parsers.ascend_layout`'s call.
+The timeline (trace_view.json / msprof_*.json) is read a slice at a time into columns
+(`parsers.ascend_timeline`); its rows are built layer by layer, the big layers (framework, CANN,
+device) CHUNK_ROWS rows at a time with pyarrow / numpy / pandas, and each chunk goes into the
+rank's table at once (`parsers.ascend_rows.Rows`): a rank's peak grows with its table, not with
+its file. Layers are told apart by their `process_name` metadata, never by pid arithmetic (by the
+events' content when a truncated file lost its metadata). communication.json gives each HCCL op
+its full group; a rank without a timeline gets its communication ops from that file alone.
+Which folders are Ascend profiles, and which of their files play which role, is
+`parsers.ascend_layout`'s call.
 """
 
 from __future__ import annotations
 
-import contextlib
 import re
-from collections import defaultdict
-from itertools import compress, repeat
-from operator import attrgetter, eq
+from collections.abc import Iterator
 
-import msgspec
 import numpy as np
 import pandas as pd
 
@@ -25,18 +24,16 @@ from parsers.ascend_comm import load_side, resolve_rank
 from parsers.ascend_csv import kernel_frame
 from parsers.ascend_layout import recognizes as recognizes  # the format's test, re-exported
 from parsers.ascend_rows import (
+    CHUNK_ROWS,
     GROUP_THREAD,
     Context,
-    Scalar,
+    Rows,
     Steps,
-    all_steps,
     attach_device_tasks,
     comm_lane,
     comm_only_frame,
-    concat,
     device_kinds,
     device_lane,
-    device_step_marks,
     groups,
     hccl_names,
     local_ranks,
@@ -46,13 +43,15 @@ from parsers.ascend_rows import (
     op_group,
     op_streams,
     set_peers,
-    table,
-    texts,
+    step_numbers,
+    stepped,
     thread_lane,
 )
-from parsers.base import Format, ParsedRank, RankFiles, Reader, TraceError
+from parsers.ascend_timeline import NO_ARGS, Fields, Timeline, read_timeline
+from parsers.base import Format, ParsedRank, RankFiles, Reader
 from parsers.classify import parse_hccl_name
-from parsers.values import LABEL_LIMIT, cut, decimal_micros_to_ns, ints, micros_to_ns, to_int
+from parsers.values import ints, to_int
+from tracegraph.heap import hand_back
 from tracegraph.schema import (
     COLLECTIVE,
     COMM,
@@ -73,47 +72,7 @@ SKIPPED_LAYERS = frozenset({  # overlap summary and counter tracks: no operation
     "Stars Chip Trans", "Acc PMU", "SIO", "QoS", "NIC", "RoCE",
 })
 _PLANE_THREAD = re.compile(r"Plane (\d+)")
-
-
-class _Args(msgspec.Struct, gc=False):
-    name: Scalar = None  # process_name / thread_name metadata
-    task_type: Scalar = msgspec.field(name="Task Type", default=None)
-    physic_stream: Scalar = msgspec.field(name="Physic Stream Id", default=None)
-    stream_id: Scalar = msgspec.field(name="Stream Id", default=None)
-    connection_id: Scalar = None
-    data_size: Scalar = msgspec.field(name="data size(Byte)", default=None)
-    size_b: Scalar = msgspec.field(name="size(B)", default=None)
-    size_byte: Scalar = msgspec.field(name="size(Byte)", default=None)
-    notify_id: Scalar = None
-    src_rank: Scalar = msgspec.field(name="src rank", default=None)
-    dst_rank: Scalar = msgspec.field(name="dst rank", default=None)
-    small_task_type: Scalar = msgspec.field(name="task type", default=None)
-    data_type: Scalar = None
-    count: Scalar = None
-    rank_size: Scalar = None  # newer HCCL op events: the group's member count
-
-
-class _Event(msgspec.Struct, gc=False):
-    ph: str = ""
-    name: str = ""
-    pid: int | str = 0
-    tid: int | str = 0
-    ts: str | int | float | None = None
-    dur: float | str | None = None
-    cat: str | None = None
-    args: _Args | None = None
-
-
-class _Wrapped(msgspec.Struct):
-    traceEvents: list[_Event]  # noqa: N815 - the JSON key
-
-
-_DECODER = msgspec.json.Decoder(list[_Event] | _Wrapped)
-_PH, _PID = attrgetter("ph"), attrgetter("pid")
-_MAX_PASSES = 64
 STAGE_SLACK = 0.01  # a step's device span may differ from step_trace_time's Stage by 1%
-_NO_ARGS = _Args()
-_BOUNDARY = re.compile(rb"\}\s*,\s*\{")
 
 
 def parse(files: RankFiles, read: Reader) -> ParsedRank:
@@ -125,12 +84,13 @@ def parse(files: RankFiles, read: Reader) -> ParsedRank:
     roles = sorted((r for r in files.files if r == "trace" or r.startswith("trace.")),
                    key=lambda r: int(r.partition(".")[2] or 0))
     ctx = Context(rank, files.files[roles[0]] if roles else files.root, side, warnings)
-    events = [e for role in roles
-              for e in decode_trace(files.files[role], read(files.files[role]), warnings)]
-    frame, device_pid = _trace_frame(events, ctx) if roles else (concat([]), None)
-    if not roles and "kernels" in files.files:
-        frame = concat([kernel_frame(files.files["kernels"], read, ctx)])
-    if side.ops and not frame["kind"].isin([COLLECTIVE, P2P]).any():
+    rows, device_pid = Rows(), None
+    if roles:
+        device_pid = _trace_rows(read_timeline([files.files[role] for role in roles], read,
+                                               warnings), ctx, rows)
+    elif "kernels" in files.files:
+        rows.add(kernel_frame(files.files["kernels"], read, ctx))
+    if side.ops and not rows.kinds & {COLLECTIVE, P2P}:
         if roles:
             warnings.append(f"{ctx.where}: no HCCL op rows: communication ops from "
                             "communication.json")
@@ -138,14 +98,14 @@ def parse(files: RankFiles, read: Reader) -> ParsedRank:
             warnings.append(f"{files.root}: no trace, no timeline: events are "
                             "communication.json's ops only")
         ctx.where = files.files["communication"]
-        frame = concat([frame, comm_only_frame(ctx)])
-    marks = device_step_marks(frame)
+        rows.add(comm_only_frame(ctx))
+    marks = rows.step_marks()
     gaps = _span_gaps(marks, side.stages_us, files.files.get("kernels", files.root))
     warnings += [f"{gap}: the table is incomplete, step times and stragglers read from it are "
                  "not reliable" for gap in gaps]
-    frame = concat([frame, marks])
+    rows.add(marks)
     found = meta(files, side, _pid_device(device_pid), layers=ctx.layers)
-    return ParsedRank(rank=rank, events=table(frame, rank), groups=groups(side, frame),
+    return ParsedRank(rank=rank, events=rows.table(rank), groups=groups(side, rows.grouped()),
                       meta=found | ({"incomplete": "; ".join(gaps)} if gaps else {}),
                       warnings=warnings, memory=ascend_memory.memory(files, read, rank, warnings))
 
@@ -168,134 +128,119 @@ def _pid_device(pid: int | None) -> int | None:
     return pid & 0x1F if pid and pid >= 1 << 10 else None
 
 
-# --- decoding --------------------------------------------------------------------------------
-
-
-def decode_trace(member: str, data: bytes, warnings: list[str]) -> list[_Event]:
-    """The events of one trace file; a truncated JSON array yields its complete events."""
-    if not data.strip():
-        raise TraceError(f"{member}: empty file")
-    try:
-        doc = _DECODER.decode(data)
-    except RecursionError:
-        raise TraceError(f"{member}: JSON nested too deeply to read") from None
-    except msgspec.ValidationError as err:
-        raise TraceError(f"{member}: unexpected content: {err}") from None
-    except msgspec.DecodeError as err:
-        if "truncated" not in str(err):
-            raise TraceError(f"{member}: invalid JSON: {err}") from None
-        doc = _salvage(member, data)
-        warnings.append(f"{member}: truncated; kept the {len(doc)} complete events before the cut")
-    return doc.traceEvents if isinstance(doc, _Wrapped) else doc
-
-
-def _salvage(member: str, data: bytes, tries: int = 8) -> list[_Event]:
-    """The complete events of a JSON array cut short: close it after the last whole event."""
-    if not data.lstrip().startswith(b"["):
-        raise TraceError(f"{member}: truncated, and not a JSON array of events")
-    whole = data.rstrip()
-    if whole.endswith(b"}"):  # cut right after an event
-        with contextlib.suppress(msgspec.DecodeError, RecursionError):
-            return msgspec.json.decode(whole + b"]", type=list[_Event])
-    window = 1 << 20
-    while True:
-        tail_start = max(0, len(data) - window)
-        cuts = [tail_start + m.start() for m in _BOUNDARY.finditer(data, tail_start)]
-        for end in reversed(cuts[-tries:]):
-            try:
-                return msgspec.json.decode(data[:end + 1] + b"]", type=list[_Event])
-            except (msgspec.DecodeError, RecursionError):
-                continue
-        if tail_start == 0:
-            return []
-        window *= 8
-
-
-# --- column helpers --------------------------------------------------------------------------
-
-
-def _args(events: list[_Event], key: str) -> list[Scalar]:
-    get = attrgetter(key)
-    return [get(e.args or _NO_ARGS) for e in events]
-
-
-def _base(events: list[_Event], where: str) -> pd.DataFrame:
-    """Name, times, pid and tid of a list of complete events."""
-    return pd.DataFrame({
-        "name": texts([e.name for e in events]),
-        "start_ns": decimal_micros_to_ns([e.ts for e in events]),
-        "dur_ns": micros_to_ns([e.dur for e in events]),
-        "pid": pd.Series([e.pid for e in events], dtype=object),
-        "tid": pd.Series([e.tid for e in events], dtype=object),
-    })
+def _chunks(rows: np.ndarray) -> Iterator[np.ndarray]:
+    for lo in range(0, len(rows), CHUNK_ROWS):
+        yield rows[lo: lo + CHUNK_ROWS]
 
 
 # --- layers ----------------------------------------------------------------------------------
 
 
-def _trace_frame(events: list[_Event], ctx: Context) -> tuple[pd.DataFrame, int | None]:
-    """All rows of the trace, and the pid of its Ascend Hardware layer."""
-    layers, device_pid = _split_layers(events, ctx)
-    framework = _framework_frame(layers["framework"], layers["marker"], ctx)
-    ctx.steps = Steps.of(framework)
-    cann = _cann_frame(layers["cann"], ctx)
-    ctx.steps.link(cann)
-    ops_events, task_events = _split_comm(layers["comm"])
-    op_conns = set(ints(_args(ops_events, "connection_id"))) - {NO_INT}
-    device = _device_frame(layers["device"], op_conns, ctx)
-    ops = _op_frame(ops_events, device, ctx)
-    tasks = _task_frame(task_events, ops, ctx)
-    attach_device_tasks(device, ops)
+def _trace_rows(timeline: Timeline, ctx: Context, rows: Rows) -> int | None:
+    """Every row of the trace, into `rows` (framework, CANN, device, HCCL ops, their tasks),
+    the timeline split by layer first and each layer let go once taken; the pid of its Ascend
+    Hardware layer."""
+    layers, device_pid = _split_layers(timeline, ctx)
+    marker = layers.pop("marker")
+    framework = np.concatenate([layers.pop("framework"), marker])
+    marked = np.arange(len(framework)) >= len(framework) - len(marker)
+    parts = timeline.split({"framework": framework, **layers})
+    del timeline, layers
+    hand_back()
+    _framework_rows(parts.pop("framework"), marked, ctx, rows)
+    hand_back()
+    _cann_rows(parts.pop("cann"), ctx, rows)
+    hand_back()
+    comm, device = parts.pop("comm"), parts.pop("device")
+    ops_rows, task_rows = _split_comm(comm)
+    op_conns = set(comm.ints("connection_id", ops_rows).tolist()) - {NO_INT}
+    every = np.arange(device.n)
+    launched = every[np.isin(device.ints("connection_id", every), list(op_conns))]
+    ops = _op_frame(comm, ops_rows, _device_frame(device, launched, op_conns), ctx)
+    tasks = _task_frame(comm, task_rows, ops, ctx)
+    del comm
     set_peers(ops, tasks, ctx)
-    frame = concat([framework, cann, device, ops, tasks.drop(columns="op")])
-    frame["step"] = all_steps(frame, ctx.steps)
-    return frame, device_pid
+    _device_rows(device, op_conns, ops, ctx, rows)
+    del device
+    hand_back()
+    rows.add(stepped(ops, ctx.steps))
+    rows.add(stepped(tasks.drop(columns="op"), ctx.steps))
+    return device_pid
 
 
-def _split_layers(events: list[_Event],
-                  ctx: Context) -> tuple[dict[str, list[_Event]], int | None]:
-    """Complete events by layer kind (thread names go to ctx), and the device layer's pid."""
-    names: dict[object, str] = {}
-    phases = list(map(_PH, events))
-    by_pid = _by_pid(list(compress(events, map("X".__eq__, phases))))
-    for e in compress(events, map("M".__eq__, phases)):
-        if e.args is not None and e.name in ("process_name", "thread_name"):
-            if e.name == "process_name":
-                names[e.pid] = str(e.args.name)
-            else:
-                ctx.threads[(e.pid, e.tid)] = cut(str(e.args.name), LABEL_LIMIT)
+def _framework_rows(layer: Timeline, marked: np.ndarray, ctx: Context, rows: Rows) -> None:
+    """The framework and marker layers' rows (`marked`: those of a marker layer), into `rows`;
+    the host steps they hold, to `ctx.steps`."""
+    ctx.steps = Steps.of(_step_rows(layer))
+    for part in _chunks(np.arange(layer.n)):
+        rows.add(stepped(_framework_frame(layer, part, marked[part]), ctx.steps))
+
+
+def _device_rows(layer: Timeline, op_conns: set[int], ops: pd.DataFrame, ctx: Context,
+                 rows: Rows) -> None:
+    """The device layer's rows, into `rows`; those of an HCCL op take its group and number."""
+    for part in _chunks(np.arange(layer.n)):
+        frame = _device_frame(layer, part, op_conns)
+        attach_device_tasks(frame, ops)
+        rows.add(stepped(frame, ctx.steps))
+
+
+def _cann_rows(layer: Timeline, ctx: Context, rows: Rows) -> None:
+    """The CANN layer's rows, into `rows`; the steps of the device work they launched, to
+    `ctx.steps`."""
+    links = [_linked(rows, _cann_frame(layer, part, ctx), ctx)
+             for part in _chunks(np.arange(layer.n))]
+    ctx.steps.link(pd.concat(links, ignore_index=True) if links else pd.DataFrame(
+        {"correlation": pd.Series(dtype=np.int64), "step": pd.Series(dtype=np.int64)}))
+
+
+def _linked(rows: Rows, cann: pd.DataFrame, ctx: Context) -> pd.DataFrame:
+    """Add CANN rows; the connection ids and host steps of those that have both, for
+    `Steps.link`."""
+    known = cann.loc[(cann["correlation"] != NO_INT) & (cann["step"] != NO_INT),
+                     ["correlation", "step"]]
+    rows.add(stepped(cann, ctx.steps))
+    return known
+
+
+def _step_rows(layer: Timeline) -> pd.DataFrame:
+    """The rows named like a `ProfilerStep#N` (their name, start and duration)."""
+    names = layer.names.column
+    named = np.flatnonzero(step_numbers(names.dictionary.to_pandas()) != NO_INT)
+    return layer.base(np.flatnonzero(np.isin(names.indices.to_numpy(), named)))
+
+
+def _split_layers(timeline: Timeline, ctx: Context) -> tuple[dict[str, np.ndarray], int | None]:
+    """Rows of complete events by layer kind, each layer's pids in order of first appearance
+    and their rows in file order (thread names go to ctx); the device layer's pid."""
+    names = timeline.processes
+    ctx.threads.update(timeline.threads)
     ctx.layers = set(names.values())
-    layers: dict[str, list[_Event]] = defaultdict(list)
+    codes, pids = pd.factorize(timeline.pid.values)
+    kinds: list[str] = []
     unknown, guessed, device_pid = set(), [], None
-    for pid, evs in by_pid.items():
+    for pid in pids.tolist():
         name = names.get(pid)
-        kind = _layer_kind(name) if name is not None else _guess_layer(evs[0])
+        kind = _layer_kind(name) if name is not None else _guess_layer(timeline.first[pid])
         if name is None:
             guessed.append(f"{pid} as {kind}")
         if kind == "unknown":
             unknown.add(name)
-        elif kind != "skip":
-            layers[kind].extend(evs)
         if kind == "device" and isinstance(pid, int):
             device_pid = pid
+        kinds.append(kind)
     if guessed:
         ctx.warnings.append(f"{ctx.where}: no process_name for pids {', '.join(guessed)} "
                             "(layer inferred from the events)")
     if unknown:
         ctx.warnings.append(f"{ctx.where}: skipped unknown layers {sorted(unknown)}")
+    kept = ("framework", "marker", "cann", "device", "comm")
+    kind_of = np.array([kept.index(k) if k in kept else -1 for k in kinds], np.int8)[codes]
+    layers = {}
+    for i, kind in enumerate(kept):
+        mine = np.flatnonzero(kind_of == i)
+        layers[kind] = mine[np.argsort(codes[mine], kind="stable")]
     return layers, device_pid
-
-
-def _by_pid(events: list[_Event]) -> dict[object, list[_Event]]:
-    """Events grouped by pid (pids in order of appearance, events in file order)."""
-    pids = list(map(_PID, events))
-    distinct = dict.fromkeys(pids)
-    if len(distinct) > _MAX_PASSES:  # one pass per pid would cost more than a dict loop
-        grouped: dict[object, list[_Event]] = defaultdict(list)
-        for pid, e in zip(pids, events, strict=True):
-            grouped[pid].append(e)
-        return grouped
-    return {pid: list(compress(events, map(eq, pids, repeat(pid)))) for pid in distinct}
 
 
 def _layer_kind(process: str) -> str:
@@ -307,9 +252,9 @@ def _layer_kind(process: str) -> str:
     return "unknown"
 
 
-def _guess_layer(event: _Event) -> str:
+def _guess_layer(event: Fields) -> str:
     """The layer kind of an unnamed process, from one of its events."""
-    args = event.args or _NO_ARGS
+    args = event.args or NO_ARGS
     if args.task_type is not None:
         return "device"
     if args.small_task_type is not None or parse_hccl_name(event.name):
@@ -319,60 +264,58 @@ def _guess_layer(event: _Event) -> str:
     return "framework"
 
 
-def _split_comm(events: list[_Event]) -> tuple[list[_Event], list[_Event]]:
+def _split_comm(comm: Timeline) -> tuple[np.ndarray, np.ndarray]:
     """HCCL op rows (no "task type" arg) and their small tasks."""
-    ops, tasks = [], []
-    for e in events:
-        (ops if (e.args or _NO_ARGS).small_task_type is None else tasks).append(e)
-    return ops, tasks
+    every = np.arange(comm.n)
+    tasks = comm.present("small_task_type", every)
+    return every[~tasks], every[tasks]
 
 
-def _framework_frame(framework: list[_Event], markers: list[_Event],
-                     ctx: Context) -> pd.DataFrame:
+def _framework_frame(timeline: Timeline, rows: np.ndarray, marked: np.ndarray) -> pd.DataFrame:
     """Framework ops (host) and annotations (marker): ProfilerStep#N, user annotations, scope
-    and mstx layers."""
-    events = framework + markers
-    frame = _base(events, ctx.where)
+    and mstx layers (`marked`: the rows of a marker layer)."""
+    frame = timeline.base(rows)
     thread_lane(frame)
     marker = (frame["name"].str.startswith("ProfilerStep#")
-              | texts([e.cat for e in events]).eq("user_annotation")
-              | (np.arange(len(events)) >= len(framework)))
+              | timeline.annotation.values[rows] | marked)
     frame["kind"] = np.where(marker, MARKER, HOST)
     return frame
 
 
-def _cann_frame(events: list[_Event], ctx: Context) -> pd.DataFrame:
-    frame = _base(events, ctx.where)
+def _cann_frame(timeline: Timeline, rows: np.ndarray, ctx: Context) -> pd.DataFrame:
+    frame = timeline.base(rows)
     thread_lane(frame)
     frame["kind"] = HOST
-    frame["correlation"] = ints(_args(events, "connection_id"))
+    frame["correlation"] = timeline.ints("connection_id", rows)
     frame["step"] = ctx.steps.host(frame["start_ns"].to_numpy())
     return frame
 
 
-def _device_frame(events: list[_Event], op_conns: set[int], ctx: Context) -> pd.DataFrame:
+def _device_frame(timeline: Timeline, rows: np.ndarray, op_conns: set[int]) -> pd.DataFrame:
     """Device tasks: wait / record / memcpy / comm_task (subtask of an HCCL op) / compute."""
-    frame = _base(events, ctx.where)
-    stream = ints(_args(events, "physic_stream"))
-    for fallback in (ints(_args(events, "stream_id")), ints(frame["tid"].tolist())):
+    frame = timeline.base(rows)
+    stream = timeline.ints("physic_stream", rows)
+    for fallback in (timeline.ints("stream_id", rows), ints(frame["tid"].tolist())):
         stream = np.where(stream == NO_INT, fallback, stream)
     frame["stream"] = stream
     device_lane(frame)
-    frame["task_type"] = texts(_args(events, "task_type"))
-    frame["correlation"] = ints(_args(events, "connection_id"))
-    size = ints(_args(events, "data_size"))
-    frame["bytes"] = np.where(size == NO_INT, ints(_args(events, "size_b")), size)
+    frame["task_type"] = timeline.texts("task_type", rows)
+    frame["correlation"] = timeline.ints("connection_id", rows)
+    size = timeline.ints("data_size", rows)
+    frame["bytes"] = np.where(size == NO_INT, timeline.ints("size_b", rows), size)
     frame["kind"] = device_kinds(frame["name"], frame["task_type"],
                                  frame["correlation"].to_numpy(), op_conns)
     return frame
 
 
-def _op_frame(events: list[_Event], device: pd.DataFrame, ctx: Context) -> pd.DataFrame:
-    """HCCL op rows: collective / p2p with group, instance number, device stream and bytes."""
-    frame = _base(events, ctx.where)
-    frame["correlation"] = ints(_args(events, "connection_id"))
-    frame["dtype"] = texts(_args(events, "data_type"))
-    frame["bytes"] = op_bytes(ints(_args(events, "count")), frame["dtype"])
+def _op_frame(timeline: Timeline, rows: np.ndarray, device: pd.DataFrame,
+              ctx: Context) -> pd.DataFrame:
+    """HCCL op rows: collective / p2p with group, instance number, device stream and bytes
+    (`device`: the device rows of the ops' connection ids)."""
+    frame = timeline.base(rows)
+    frame["correlation"] = timeline.ints("connection_id", rows)
+    frame["dtype"] = timeline.texts("data_type", rows)
+    frame["bytes"] = op_bytes(timeline.ints("count", rows), frame["dtype"])
     op_streams(frame, device)
     frame["step"] = ctx.steps.device(frame["start_ns"].to_numpy(), frame["correlation"].to_numpy())
     parsed = hccl_names(frame)
@@ -384,20 +327,21 @@ def _op_frame(events: list[_Event], device: pd.DataFrame, ctx: Context) -> pd.Da
         ctx.warnings.append(f"{ctx.where}: {unknown} HCCL ops with no known group")
     frame["lane"] = comm_lane(frame["group"])
     frame["lane_kind"] = COMM
-    frame["rank_size"] = ints(_args(events, "rank_size"))
+    frame["rank_size"] = timeline.ints("rank_size", rows)
     return frame
 
 
-def _task_frame(events: list[_Event], ops: pd.DataFrame, ctx: Context) -> pd.DataFrame:
+def _task_frame(timeline: Timeline, rows: np.ndarray, ops: pd.DataFrame,
+                ctx: Context) -> pd.DataFrame:
     """HCCL small tasks on `Plane k` threads, each attached to the op row that contains it."""
-    frame = _base(events, ctx.where)
+    frame = timeline.base(rows)
     frame["kind"] = COMM_TASK
     frame["lane_kind"] = COMM
-    frame["task_type"] = texts(_args(events, "small_task_type"))
-    frame["notify_id"] = notify_ids(_args(events, "notify_id"))
-    frame["src_rank"] = local_ranks(_args(events, "src_rank"))
-    frame["dst_rank"] = local_ranks(_args(events, "dst_rank"))
-    frame["bytes"] = ints(_args(events, "size_byte"))
+    frame["task_type"] = timeline.texts("small_task_type", rows)
+    frame["notify_id"] = notify_ids(timeline.texts("notify_id", rows).tolist())
+    frame["src_rank"] = local_ranks(timeline.ints("src_rank", rows))
+    frame["dst_rank"] = local_ranks(timeline.ints("dst_rank", rows))
+    frame["bytes"] = timeline.ints("size_byte", rows)
     frame["block"] = _blocks(ints(frame["tid"].tolist()), ops, ctx)
     frame["op"] = _containing_op(frame, ops)
     own = frame["op"].to_numpy() >= 0

@@ -24,8 +24,8 @@ from parsers import ascend_layout, ascend_memory, sqlite_file
 from parsers.ascend_comm import load_side, resolve_rank, stated_metadata
 from parsers.ascend_rows import (
     Context,
+    Rows,
     Steps,
-    all_steps,
     attach_device_tasks,
     comm_lane,
     concat,
@@ -39,7 +39,7 @@ from parsers.ascend_rows import (
     op_bytes,
     op_streams,
     set_peers,
-    table,
+    stepped,
     thread_lane,
 )
 from parsers.base import Format, ParsedRank, RankFiles, Reader, TraceError
@@ -72,6 +72,7 @@ API_PREFIX = {"acl": "AscendCL", "runtime": "Runtime", "node": "Node", "model": 
               "hccl": "Hccl", "communication": "Communication"}
 """CANN API level -> the prefix trace_view.json gives its calls (`AscendCL@aclrtRecordEvent`)."""
 LOW_32 = 0xFFFFFFFF  # globalTid: pid << 32 | tid
+QUERY_ROWS = 1 << 16  # rows fetched from SQLite at once
 
 
 # --- opening ---------------------------------------------------------------------------------
@@ -120,7 +121,8 @@ def parse(files: RankFiles, read: Reader) -> ParsedRank:
         info = side.info if "rank_id" in side.info else {**side.info, "rank_id": rank_row[0]}
         rank = resolve_rank(files, info, warnings, "RANK_DEVICE_MAP")
         ctx = Context(rank, member, side, warnings)
-        frame, ops = _frame(db, ctx)
+        rows = Rows()
+        ops = _frame(db, ctx, rows)
         device = rank_row[1] if rank_row[1] is not None else _device_id(db, warnings)
         memory = ascend_memory.database_memory(db, rank, warnings)
     if memory is None:  # a text export beside the database may hold the memory CSVs
@@ -129,7 +131,8 @@ def parse(files: RankFiles, read: Reader) -> ParsedRank:
     if not side.ops:
         found["comm_times"] = _comm_times(ops)
     names = dict(zip(ops["group"], ops["comm_name"], strict=True))
-    return ParsedRank(rank=rank, events=table(frame, rank), groups=groups(side, frame, names),
+    return ParsedRank(rank=rank, events=rows.table(rank),
+                      groups=groups(side, rows.grouped(), names),
                       meta=found, warnings=warnings, memory=memory)
 
 
@@ -140,12 +143,17 @@ def _check_version(db: Database, warnings: list[str]) -> None:
                         "reader knows; read the tables and columns it names")
 
 
-def _frame(db: Database, ctx: Context) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Every row of the database as events, and the HCCL ops (with their comm names)."""
+def _frame(db: Database, ctx: Context, rows: Rows) -> pd.DataFrame:
+    """Every row of the database as events, into `rows`, each table's let go once taken;
+    the HCCL ops (with their comm names)."""
     framework = _framework_frame(db)
     ctx.steps = Steps.of(framework)
+    rows.add(stepped(framework, ctx.steps))
+    del framework
     cann = _cann_frame(db, ctx)
     ctx.steps.link(cann)
+    rows.add(stepped(cann, ctx.steps))
+    del cann
     ops = _op_frame(db)
     device = _device_frame(db, set(ops["correlation"]))
     op_streams(ops, device)
@@ -153,10 +161,11 @@ def _frame(db: Database, ctx: Context) -> tuple[pd.DataFrame, pd.DataFrame]:
     tasks = _task_frame(db, ops)
     attach_device_tasks(device, ops)
     set_peers(ops, tasks, ctx)
-    frame = concat([framework, cann, device, ops.drop(columns=["op_id", "comm_name", "wait_ns"]),
-                    tasks.drop(columns="op")])
-    frame["step"] = all_steps(frame, ctx.steps)
-    return frame, ops
+    rows.add(stepped(device, ctx.steps))
+    del device
+    rows.add(stepped(ops.drop(columns=["op_id", "comm_name", "wait_ns"]), ctx.steps))
+    rows.add(stepped(tasks.drop(columns="op"), ctx.steps))
+    return ops
 
 
 def _rank_device(db: Database) -> tuple[int | None, int | None]:
@@ -190,14 +199,15 @@ def _framework_frame(db: Database) -> pd.DataFrame:
         rows = db.query(
             "SELECT CAST(p.startNs AS INTEGER) AS start_ns, CAST(p.endNs AS INTEGER) AS end_ns, "
             "p.globalTid AS tid, COALESCE(s.value, '') AS name, p.type AS type "
-            "FROM PYTORCH_API p LEFT JOIN STRING_IDS s ON s.id = p.name")
+            "FROM PYTORCH_API p LEFT JOIN STRING_IDS s ON s.id = p.name",
+            batch=QUERY_ROWS)
         levels = _api_levels(db, rows["type"])
         marker = rows["name"].str.startswith("ProfilerStep#") | (levels == "mstx")
         parts.append(_host_rows(rows).assign(kind=np.where(marker, MARKER, HOST)))
     if "MSTX_EVENTS" in db.tables:
         rows = db.query("SELECT m.startNs AS start_ns, m.endNs AS end_ns, m.globalTid AS tid, "
                         "COALESCE(s.value, '') AS name FROM MSTX_EVENTS m "
-                        "LEFT JOIN STRING_IDS s ON s.id = m.message")
+                        "LEFT JOIN STRING_IDS s ON s.id = m.message", batch=QUERY_ROWS)
         parts.append(_host_rows(rows).assign(kind=MARKER))
     frame = concat(parts)
     return concat([frame, _step_time_frame(db, frame)])
@@ -241,7 +251,7 @@ def _cann_frame(db: Database, ctx: Context) -> pd.DataFrame:
     rows = db.query("SELECT c.startNs AS start_ns, c.endNs AS end_ns, c.globalTid AS tid, "
                     "c.connectionId AS correlation, c.type AS type, "
                     "COALESCE(s.value, '') AS api FROM CANN_API c "
-                    "LEFT JOIN STRING_IDS s ON s.id = c.name")
+                    "LEFT JOIN STRING_IDS s ON s.id = c.name", batch=QUERY_ROWS)
     levels = _api_levels(db, rows["type"])
     prefix = levels.map(API_PREFIX).fillna(levels.str.capitalize())
     frame = _host_rows(rows.assign(name=prefix + "@" + rows["api"]))
@@ -265,7 +275,8 @@ def _device_frame(db: Database, op_conns: set[int]) -> pd.DataFrame:
         f"SELECT t.startNs AS start_ns, t.endNs AS end_ns, t.streamId AS stream, "
         f"t.connectionId AS correlation, COALESCE(y.value, '') AS task_type, "
         f"COALESCE({kernel}, y.value, '') AS name, {copied} AS bytes "
-        f"FROM TASK t LEFT JOIN STRING_IDS y ON y.id = t.taskType{joins}")
+        f"FROM TASK t LEFT JOIN STRING_IDS y ON y.id = t.taskType{joins}",
+        batch=QUERY_ROWS)
     frame = pd.DataFrame({
         "name": rows["name"].astype(str), "start_ns": _ints(rows["start_ns"]),
         "dur_ns": np.maximum(_ints(rows["end_ns"]) - _ints(rows["start_ns"]), 0),
@@ -294,7 +305,7 @@ def _op_frame(db: Database) -> pd.DataFrame:
         f"COALESCE(y.value, '') AS op_type, {dtype[0]} AS dtype{extra} "
         f"FROM COMMUNICATION_OP o LEFT JOIN STRING_IDS n ON n.id = o.opName "
         f"LEFT JOIN STRING_IDS g ON g.id = o.groupName "
-        f"LEFT JOIN STRING_IDS y ON y.id = o.opType{dtype[1]}")
+        f"LEFT JOIN STRING_IDS y ON y.id = o.opType{dtype[1]}", batch=QUERY_ROWS)
     frame = pd.DataFrame({
         "op_id": _ints(rows["op_id"]), "name": rows["name"].astype(str),
         "start_ns": _ints(rows["start_ns"]),
@@ -330,7 +341,7 @@ def _task_frame(db: Database, ops: pd.DataFrame) -> pd.DataFrame:
         "COALESCE(g.value, '') AS comm_name, t.startNs AS start_ns, t.endNs AS end_ns "
         "FROM COMMUNICATION_TASK_INFO c JOIN TASK t ON t.globalTaskId = c.globalTaskId "
         "LEFT JOIN STRING_IDS y ON y.id = c.taskType "
-        "LEFT JOIN STRING_IDS g ON g.id = c.groupName")
+        "LEFT JOIN STRING_IDS g ON g.id = c.groupName", batch=QUERY_ROWS)
     position = pd.Series(np.arange(len(ops)), index=ops["op_id"].to_numpy())
     op = rows["op_id"].map(position).fillna(NO_INT).astype(np.int64).to_numpy()
     own = op >= 0

@@ -23,9 +23,17 @@ import pyarrow.compute as pc
 from parsers.ascend_comm import Side
 from parsers.base import GroupInfo, RankFiles
 from parsers.classify import HcclName, comm_kind, comm_type, double_hash, parse_hccl_name
-from parsers.values import decimal_micros_to_ns, ints, micros_to_ns, rank_id, to_int
+from parsers.values import (
+    LABEL_LIMIT,
+    decimal_micros_to_ns,
+    ints,
+    micros_to_ns,
+    rank_id,
+    to_int,
+)
 from parsers.values import texts as capped_texts
 from tracegraph import schema
+from tracegraph.heap import hand_back
 from tracegraph.schema import (
     COMM,
     COMM_TASK,
@@ -171,11 +179,12 @@ class Steps:
 def step_numbers(names: pd.Series) -> np.ndarray:
     """N for "ProfilerStep#N", NO_INT otherwise."""
     numbers = np.full(len(names), NO_INT, dtype=np.int64)
-    text = pa.array(names.to_numpy(object), type=pa.string(), from_pandas=True)
+    text = pa.array(names, type=pa.string(), from_pandas=True)
     steps = pc.fill_null(pc.starts_with(text, "ProfilerStep#"), False).to_numpy(
         zero_copy_only=False)
-    found = names[steps].str.extract(r"^ProfilerStep#(\d+)$")[0]
-    numbers[steps] = ints(found.fillna("").tolist())
+    if steps.any():
+        found = names[steps].str.extract(r"^ProfilerStep#(\d+)$")[0]
+        numbers[steps] = ints(found.fillna("").tolist())
     return numbers
 
 
@@ -190,13 +199,19 @@ def all_steps(frame: pd.DataFrame, steps: Steps) -> np.ndarray:
     return np.where(have != NO_INT, have, guess)
 
 
-def device_step_marks(frame: pd.DataFrame) -> pd.DataFrame:
-    """`ProfilerStep#N` markers for a timeline without host steps: each spans the device rows
-    of step N on the rank's busiest stream (msprof's step: first to last device task), as
-    Kineto's GPU-side step markers do."""
-    device = frame[(frame["lane_kind"] == STREAM) & (frame["step"] != NO_INT)]
-    if device.empty or (step_numbers(frame["name"]) != NO_INT).any():
-        return frame.iloc[:0]
+def stepped(frame: pd.DataFrame, steps: Steps) -> pd.DataFrame:
+    """`frame` with every EVENTS column, its step column set by `all_steps`."""
+    frame = complete(frame)
+    frame["step"] = all_steps(frame, steps)
+    return frame
+
+
+def device_step_marks(device: pd.DataFrame) -> pd.DataFrame:
+    """`ProfilerStep#N` markers for a timeline without host steps (`device`: its device rows
+    with a step): each spans the device rows of step N on the rank's busiest stream (msprof's
+    step: first to last device task), as Kineto's GPU-side step markers do."""
+    if device.empty:
+        return device.iloc[:0]
     ends = device["start_ns"] + device["dur_ns"]
     spans = device.assign(end=ends).groupby("step").agg(start_ns=("start_ns", "min"),
                                                         end=("end", "max"))
@@ -329,23 +344,114 @@ def concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
                      ignore_index=True)
 
 
+CHUNK_ROWS = 1 << 17  # rows turned into a chunk of the table at once
+_COMM_COLUMNS = ["group", "src_rank", "dst_rank"]
+_SPAN_COLUMNS = ["step", "start_ns", "dur_ns", "stream"]
+_INT_COLUMNS = [c.name for c in schema.EVENTS if pa.types.is_integer(c.type)]
+
+
+class Rows:
+    """A rank's EVENTS rows, gathered frame by frame: each frame becomes at once a chunk of the
+    table (its strings dictionary-coded) and can go, so a rank's rows are never one pandas
+    frame. What is read across all rows later is kept aside: the kinds seen, the rows of a
+    group (`groups`), and, while no row is a `ProfilerStep#N`, the device rows of a step
+    (`step_marks`)."""
+
+    def __init__(self) -> None:
+        self.kinds: set[str] = set()
+        self._chunks: list[pa.Table] = []
+        self._grouped: list[pd.DataFrame] = []
+        self._device: list[pd.DataFrame] | None = []  # None once a row is a ProfilerStep#N
+
+    def add(self, frame: pd.DataFrame) -> None:
+        """Take a frame's rows (in order after those taken before)."""
+        if not len(frame):
+            return
+        frame = complete(frame)
+        self.kinds.update(frame["kind"].unique())
+        grouped = (frame["group"] != "").to_numpy()
+        if grouped.any():
+            columns = _COMM_COLUMNS + (["rank_size"] if "rank_size" in frame else [])
+            self._grouped.append(frame.loc[grouped, columns])
+        if self._device is not None and (step_numbers(frame["name"]) != NO_INT).any():
+            self._device = None
+        if self._device is not None:
+            spans = ((frame["lane_kind"] == STREAM) & (frame["step"] != NO_INT)).to_numpy()
+            self._device.append(frame.loc[spans, _SPAN_COLUMNS])
+        for lo in range(0, len(frame), CHUNK_ROWS):
+            self._chunks.append(_chunk(frame.iloc[lo: lo + CHUNK_ROWS]))
+
+    def grouped(self) -> pd.DataFrame:
+        """The rows of a group: group, src_rank, dst_rank (and rank_size, where stated)."""
+        return pd.concat(self._grouped, ignore_index=True) if self._grouped else \
+            pd.DataFrame({c: pd.Series(dtype=object) for c in _COMM_COLUMNS})
+
+    def step_marks(self) -> pd.DataFrame:
+        """`device_step_marks` of the rows taken, none where a row is a ProfilerStep#N."""
+        device = pd.concat(self._device, ignore_index=True) if self._device else \
+            pd.DataFrame({c: pd.Series(dtype=np.int64) for c in _SPAN_COLUMNS})
+        return device_step_marks(device)
+
+    def table(self, rank: int) -> pa.Table:
+        """The EVENTS table of the rows taken, sorted by start time (stable), the rows let go
+        column by column; text columns dictionary-coded (`schema.IN_MEMORY_EVENTS`) but for
+        those holding a value of LABEL_LIMIT characters or more, left plain for
+        `parsers.validate` to count what was cut."""
+        chunks, self._chunks = self._chunks, []
+        if not chunks:
+            return schema.events_table({}, 0)
+        whole = pa.concat_tables(chunks)
+        del chunks
+        hand_back()  # what building the chunks freed: the sorted columns come on top
+        order = pc.sort_indices(whole["start_ns"])
+        names, columns = whole.column_names, whole.columns
+        del whole
+        for i, name in enumerate(names):  # one column's rows held twice at a time
+            column, columns[i] = columns[i], None
+            freed = column.nbytes
+            columns[i] = np.full(len(order), rank, np.int32) if name == "rank" \
+                else _plain_if_long(column.take(order))
+            del column
+            hand_back(freed)  # the column's chunks
+        return pa.table(columns, names=names)
+
+
 def table(frame: pd.DataFrame, rank: int) -> pa.Table:
-    """The EVENTS table, sorted by start time."""
-    frame = frame.sort_values("start_ns", kind="stable", ignore_index=True).assign(rank=rank)
-    columns = {c.name: frame[c.name].to_numpy() if pa.types.is_integer(c.type)
-               else pa.array(frame[c.name], type=c.type) for c in schema.EVENTS}
-    return schema.events_table(columns, len(frame))
+    """The EVENTS table of one frame's rows, as `Rows` makes it."""
+    rows = Rows()
+    rows.add(frame)
+    return rows.table(rank)
 
 
-def groups(side: Side, frame: pd.DataFrame, names: dict[str, str] | None = None
+def _chunk(frame: pd.DataFrame) -> pa.Table:
+    """A complete frame's rows as a table of IN_MEMORY_EVENTS (rank left unset)."""
+    ints = schema.events_table({c: frame[c].to_numpy() for c in _INT_COLUMNS if c != "rank"},
+                               len(frame))
+    return pa.Table.from_arrays(
+        [pa.array(frame[f.name], pa.string()).dictionary_encode()
+         if pa.types.is_dictionary(f.type) else ints[f.name] for f in schema.IN_MEMORY_EVENTS],
+        schema=schema.IN_MEMORY_EVENTS)
+
+
+def _plain_if_long(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    """A dictionary-coded column as plain text when a value reaches LABEL_LIMIT characters."""
+    if not pa.types.is_dictionary(column.type):
+        return column
+    longest = max((pc.max(pc.binary_length(c.dictionary)).as_py() or 0 for c in column.chunks),
+                  default=0)
+    return column.cast(pa.string()) if longest >= LABEL_LIMIT else column
+
+
+def groups(side: Side, rows: pd.DataFrame, names: dict[str, str] | None = None
            ) -> list[GroupInfo]:
     """This rank's groups: `parallel_group_info`, plus groups seen only in op names, whose size
     comes from the op's `rank_size`, else is at least the group-local ranks its HCCL tasks and
-    communication_matrix.json links name (`names`: group -> its comm name, where known)."""
+    communication_matrix.json links name (`rows`: the rows of a group, `Rows.grouped`;
+    `names`: group -> its comm name, where known)."""
     found = side.groups()
-    seen = set(frame["group"].unique())
-    stated = _stated_sizes(frame)
-    local = _local_ranks(frame, side)
+    seen = set(rows["group"].unique())
+    stated = _stated_sizes(rows)
+    local = _local_ranks(rows, side)
     for group in sorted(seen | {op.group for op in side.ops}):
         if group and group not in found:
             size, source = stated.get(group, 0), "rank_size of its HCCL ops"

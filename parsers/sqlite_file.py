@@ -42,14 +42,20 @@ class Database:
         """Whether the database has `table` with every one of `columns`."""
         return table in self.tables and set(columns) <= self.tables[table]
 
-    def query(self, sql: str, params: tuple = ()) -> pd.DataFrame:
-        """The rows of `sql` as a DataFrame; TraceError (naming the file) when SQLite fails."""
+    def query(self, sql: str, params: tuple = (), batch: int | None = None) -> pd.DataFrame:
+        """The rows of `sql` as a DataFrame (fetched `batch` rows at a time where given, each
+        batch turned into columns before the next: a big table never exists as one Python
+        tuple per row); TraceError (naming the file) when SQLite fails."""
         try:
             cursor = self.conn.execute(sql, params)
             columns = [c[0] for c in cursor.description]
-            return pd.DataFrame(cursor.fetchall(), columns=columns)
+            if batch is None:
+                return pd.DataFrame(cursor.fetchall(), columns=columns)
+            parts = [pd.DataFrame(rows, columns=columns)
+                     for rows in iter(lambda: cursor.fetchmany(batch), [])]
         except sqlite3.Error as err:
             raise TraceError(f"{self.where}: {problem(err)}") from None
+        return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=columns)
 
     def values(self, table: str) -> dict[str, str]:
         """A (name, value) table such as META_DATA as a dict."""

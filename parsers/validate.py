@@ -158,8 +158,21 @@ def _texts(table: pa.Table, tally: _Tally) -> pa.Table:
                       pc.greater_equal(pc.utf8_length(column), LABEL_LIMIT))
         tally.note(pc.sum(cut).as_py() or 0, f"{name} values cut short (too long)")
         table = _set(table, name, column)
-    tally.note(pc.sum(pc.equal(table["name"], "")).as_py() or 0, "events without a name")
+    tally.note(_count(table["name"], ""), "events without a name")
     return table
+
+
+def _count(column: pa.ChunkedArray, value: str) -> int:
+    """How many rows of a text column hold `value` (a dictionary-coded one counted by its codes,
+    never decoded)."""
+    if not pa.types.is_dictionary(column.type):
+        return pc.sum(pc.equal(column, value)).as_py() or 0
+    count = 0
+    for chunk in column.chunks:
+        codes = np.flatnonzero(pc.fill_null(pc.equal(chunk.dictionary, value), False)
+                               .to_numpy(zero_copy_only=False))
+        count += pc.sum(pc.is_in(chunk.indices, pa.array(codes, chunk.indices.type))).as_py() or 0
+    return count
 
 
 def _set(table: pa.Table, name: str, column: pa.Array | pa.ChunkedArray) -> pa.Table:

@@ -20,6 +20,7 @@ from parsers.ascend import parse
 from parsers.base import GroupInfo, ParsedRank, RankFiles, TraceError
 from parsers.classify import double_hash
 from parsers.values import decimal_micros_to_ns
+from tracegraph import schema
 from tracegraph.simulate import write_ascend
 from tracegraph.simulate.bundle_writer import clock_shift
 from tracegraph.simulate.timeline import TIMELINE_COLUMNS, StepSpan, Timeline
@@ -57,7 +58,7 @@ def _parsed(root: str, rank: int | None = None) -> ParsedRank:
 
 @cache
 def _events(root: str, rank: int | None = None) -> pd.DataFrame:
-    return _parsed(root, rank).events.to_pandas()
+    return schema.plain_strings(_parsed(root, rank).events).to_pandas()
 
 
 # --- torch_npu DDP, 8 ranks, level 1: ranks 0 and 1 --------------------------------------------

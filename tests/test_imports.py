@@ -140,7 +140,8 @@ def test_no_import_cycles() -> None:
 
 
 def test_parsers_use_only_the_schema_of_tracegraph() -> None:
-    found = _offending(("parsers",), ("tracegraph",), allowed=("tracegraph.schema",))
+    found = _offending(("parsers",), ("tracegraph",),
+                       allowed=("tracegraph.schema", "tracegraph.heap"))  # a leaf the schema loads
     assert not found, "\n".join(found)
 
 

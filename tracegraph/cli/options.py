@@ -18,7 +18,8 @@ NoCache = Annotated[bool, typer.Option("--no-cache", help="Neither read nor writ
 CacheSize = Annotated[str | None, typer.Option(
     help="Most the cache folder may hold, e.g. 2G; least recently used entries go first "
          "(default: $TRACEGRAPH_CACHE_SIZE, else 5G).", callback=set_cache_limit)]
-Jobs = Annotated[int | None, typer.Option(help="Parallel parser processes (default: CPUs).")]
+Jobs = Annotated[int | None, typer.Option(
+    help="Parallel parser processes (default: one per CPU, as many as the memory holds).")]
 RankMap = Annotated[Path | None, typer.Option(
     help='JSON file mapping a profile (path or file name) to its rank: {"a.json": 3}.')]
 Dask = Annotated[str | None, typer.Option(

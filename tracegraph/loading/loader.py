@@ -17,7 +17,7 @@ import signal
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
-from concurrent.futures import Executor, ProcessPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Executor, Future, ProcessPoolExecutor, wait
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -27,7 +27,7 @@ import pandas as pd
 import pyarrow as pa
 
 from parsers import parse_rank
-from parsers.base import GroupInfo, ParsedRank, RankFiles, TraceError
+from parsers.base import GroupInfo, ParsedRank, RankFiles, TraceError, local_path
 from parsers.bundle import Bundle, open_bundle
 from parsers.text import printable
 from tracegraph import schema
@@ -35,6 +35,7 @@ from tracegraph.heap import hand_back
 from tracegraph.loading import cache, consistency
 from tracegraph.loading.cachedir import CacheDir, default_cache_dir
 from tracegraph.loading.groups import groups_frame
+from tracegraph.loading.jobs import parser_count
 from tracegraph.loading.resolve import settle
 from tracegraph.loading.trace import Trace
 from tracegraph.progress import Progress
@@ -43,6 +44,7 @@ _WORKER_BUNDLES: dict[str, Bundle] = {}
 PARSE_TO_TABLE = 6  # what parsing a rank takes at its peak, in units of its table's size
 _PR_SET_PDEATHSIG = 1  # prctl(2)
 _STOPPING = (signal.SIGINT, signal.SIGTERM)  # the signals that end a command (cli/entry.py)
+SPILL_BYTES = 64 << 20  # a streamed archive's member this big is parsed from a file, not sent
 
 
 def load(
@@ -120,24 +122,37 @@ def _parse_all(
             todo.append((profile, key))
     if not todo:  # all cached: nothing is written
         return
-    workers = min(jobs or os.cpu_count() or 1, len(todo))
+    workers = parser_count(jobs, [p for p, _ in todo], _member_size(bundle),
+                           notes if notes is not None else [])
     if executor is not None:
         yield from _parse_on(executor, bundle, todo, store, advance)
         return
     with _handoff(store) as handoff:
         if workers <= 1:
-            for n, (profile, key, read) in enumerate(sources(bundle, todo)):
+            for n, (profile, key, read) in enumerate(sources(bundle, todo, handoff)):
                 out = handoff / f"{n}.arrow"  # mapped, as a worker's: no heap holds it
                 parsed = _mapped(_to_file(str(out), _parse, profile, read), out)
+                _drop_spilled(read)
                 yield profile, _finish(profile, parsed, store, key, out)
                 advance()
             return
         gc.freeze()  # objects so far are the workers' too: a collection there would copy pages
         try:
             with parser_pool(workers) as pool:
-                yield from _parse_on(pool, bundle, todo, store, advance, handoff)
+                yield from _parse_on(pool, bundle, todo, store, advance, handoff, workers + 1)
         finally:
             gc.unfreeze()
+
+
+def _member_size(bundle: Bundle) -> Callable[[str], int | None]:
+    """A member's bytes where it is a file on disk, else None."""
+    def size(member: str) -> int | None:
+        path = local_path(bundle.read, member)
+        try:
+            return path.stat().st_size if path is not None else None
+        except OSError:
+            return None
+    return size
 
 
 def _handoff(store: CacheDir | None) -> AbstractContextManager[Path]:
@@ -197,18 +212,22 @@ def _bound_to_parent(parent: int | None) -> None:
 
 
 def _parse_on(pool: Executor, bundle: Bundle, todo: list[tuple[RankFiles, str]],
-              store: CacheDir | None, advance: Callable[[], None], handoff: Path | None = None
-              ) -> Iterator[tuple[RankFiles, ParsedRank]]:
-    """Parse on `pool`: workers open a random-access bundle themselves, else get the bytes.
-    With `handoff` (local workers), a worker writes the rank's table there as an Arrow file that
-    this process memory-maps, instead of pickling it through a pipe (four copies)."""
+              store: CacheDir | None, advance: Callable[[], None], handoff: Path | None = None,
+              room: int | None = None) -> Iterator[tuple[RankFiles, ParsedRank]]:
+    """Parse on `pool`: workers open a random-access bundle themselves, else get the bytes
+    (big members as files spilled to `handoff`), at most `room` profiles of a streamed archive
+    read ahead of the workers. With `handoff` (local workers), a worker writes the rank's table
+    there as an Arrow file that this process memory-maps, instead of pickling it through a pipe
+    (four copies)."""
     futures = {}
-    for profile, _key, read in sources(bundle, todo):
+    for profile, _key, read in sources(bundle, todo, handoff):
         job = ((parse_in_worker, str(bundle.path), profile) if bundle.random_access
                else (parse_bytes, profile, read.contents))
         out = handoff / f"{len(futures)}.arrow" if handoff else None
         future = pool.submit(_to_file, str(out), *job) if out else pool.submit(*job)
         futures[profile.root] = (future, out)
+        if room is not None and not bundle.random_access:
+            _wait_for_room([f for f, _ in futures.values()], room)
     for profile, key in todo:
         future, out = futures[profile.root]
         parsed = future.result()
@@ -233,6 +252,12 @@ def _to_file(out: str, parse: Callable[..., ParsedRank], *args: object) -> Parse
     return parsed
 
 
+def _wait_for_room(futures: list[Future], room: int) -> None:
+    """Wait until fewer than `room` of `futures` are running or queued."""
+    while len(pending := [f for f in futures if not f.done()]) >= room:
+        wait(pending, return_when=FIRST_COMPLETED)
+
+
 def _mapped(parsed: ParsedRank, out: Path) -> ParsedRank:
     """A rank handed off by `_to_file`: its events mapped from `out`, unless they came along."""
     if parsed.events is None:
@@ -241,22 +266,44 @@ def _mapped(parsed: ParsedRank, out: Path) -> ParsedRank:
 
 
 class _Streamed:
-    """A reader over the members of one profile, already read from a streamed archive."""
+    """A reader over the members of one profile, already read from a streamed archive: their
+    bytes, or the file a big one was spilled to (`local_path`: parsers stream it)."""
 
-    def __init__(self, contents: dict[str, bytes]) -> None:
+    def __init__(self, contents: dict[str, bytes | Path]) -> None:
         self.contents = contents
 
     def __call__(self, member: str) -> bytes:
         try:
-            return self.contents[member]
+            data = self.contents[member]
         except KeyError:
             raise TraceError(f"{member}: missing from the archive (truncated?)") from None
+        return data.read_bytes() if isinstance(data, Path) else data
+
+    def local_path(self, member: str) -> Path | None:
+        data = self.contents.get(member)
+        return data if isinstance(data, Path) else None
 
 
-def sources(bundle: Bundle, todo: list[tuple[RankFiles, str]]
-             ) -> Iterator[tuple[RankFiles, str, Callable[[str], bytes]]]:
+def _drop_spilled(read: object) -> None:
+    """Remove the files a streamed profile's big members were spilled to, once parsed."""
+    for data in getattr(read, "contents", {}).values():
+        if isinstance(data, Path):
+            data.unlink(missing_ok=True)
+
+
+def _spilled(data: bytes, folder: Path) -> Path:
+    """`data` in a new private file of `folder`."""
+    fd, name = tempfile.mkstemp(prefix="member-", dir=folder)
+    with os.fdopen(fd, "wb") as file:
+        file.write(data)
+    return Path(name)
+
+
+def sources(bundle: Bundle, todo: list[tuple[RankFiles, str]], spill: Path | None = None
+            ) -> Iterator[tuple[RankFiles, str, Callable[[str], bytes]]]:
     """(profile, cache key, reader) for each profile: direct reads where the bundle allows random
-    access, else one streaming pass over the archive that hands out each profile once complete."""
+    access, else one streaming pass over the archive that hands out each profile once complete
+    (its members of SPILL_BYTES or more written to files in `spill`, when given)."""
     if bundle.random_access:
         for profile, key in todo:
             yield profile, key, bundle.read
@@ -265,13 +312,17 @@ def sources(bundle: Bundle, todo: list[tuple[RankFiles, str]]
     for p, k in todo:
         for m in set(p.files.values()):
             owners.setdefault(m, []).append((p, k))
-    contents: dict[str, dict[str, bytes]] = {p.root: {} for p, _ in todo}
+    contents: dict[str, dict[str, bytes | Path]] = {p.root: {} for p, _ in todo}
     for member, data in bundle.stream(set(owners)):
+        alone = len(owners[member]) == 1  # a file another rank reads too is never removed
+        kept = _spilled(data, spill) if spill and alone and len(data) >= SPILL_BYTES else data
+        del data
         for profile, key in owners[member]:
             got = contents[profile.root]
-            got[member] = data
+            got[member] = kept
             if len(got) == len(set(profile.files.values())):
                 yield profile, key, _Streamed(contents.pop(profile.root))
+        del kept
     for profile, key in todo:  # members the archive did not deliver in full
         if profile.root in contents:
             yield profile, key, _Streamed(contents.pop(profile.root))
@@ -285,9 +336,14 @@ def parse_in_worker(bundle_path: str, profile: RankFiles) -> ParsedRank:
     return _parse(profile, bundle.read)
 
 
-def parse_bytes(profile: RankFiles, contents: dict[str, bytes]) -> ParsedRank:
-    """Parse a profile whose members' bytes were sent along (a streamed archive)."""
-    return _parse(profile, _Streamed(contents))
+def parse_bytes(profile: RankFiles, contents: dict[str, bytes | Path]) -> ParsedRank:
+    """Parse a profile whose members' bytes (or spilled files) were sent along (a streamed
+    archive)."""
+    read = _Streamed(contents)
+    try:
+        return _parse(profile, read)
+    finally:
+        _drop_spilled(read)
 
 
 def _parse(profile: RankFiles, read: Callable[[str], bytes]) -> ParsedRank:
