@@ -1,4 +1,5 @@
-"""Sets of time intervals as (starts, ends) arrays: union, total length, intersection."""
+"""Sets of time intervals as (starts, ends) arrays: union, total length, intersection, and how
+much of many windows they cover."""
 
 from __future__ import annotations
 
@@ -23,6 +24,24 @@ def union(start: np.ndarray, end: np.ndarray, lo: int, hi: int) -> tuple[np.ndar
 def length(intervals: tuple[np.ndarray, np.ndarray]) -> int:
     """Total length of disjoint intervals."""
     return int((intervals[1] - intervals[0]).sum())
+
+
+def covered(intervals: tuple[np.ndarray, np.ndarray], lo: np.ndarray,
+            hi: np.ndarray) -> np.ndarray:
+    """How much of each window [lo, hi) disjoint sorted intervals cover, for all windows at once."""
+    return _covered_before(intervals, hi) - _covered_before(intervals, lo)
+
+
+def _covered_before(intervals: tuple[np.ndarray, np.ndarray], points: np.ndarray) -> np.ndarray:
+    """The intervals' length before each point."""
+    starts, ends = intervals
+    if not len(starts):
+        return np.zeros(len(points), dtype=np.int64)
+    widths = ends - starts
+    before = np.concatenate([[0], np.cumsum(widths)])  # length of the intervals ahead of each
+    k = np.searchsorted(starts, points, "right") - 1  # the last interval starting at or before
+    inside = np.clip(points - starts[np.maximum(k, 0)], 0, widths[np.maximum(k, 0)])
+    return np.where(k >= 0, before[np.maximum(k, 0)] + inside, 0)
 
 
 def overlap(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> int:

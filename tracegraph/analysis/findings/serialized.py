@@ -49,7 +49,7 @@ def _serialized_rows(analysis) -> pd.DataFrame:
             pair = (lane == main) | (lane == other)
             a, b = (_busy_intervals(start, end, working & (lane == x)) for x in (main, other))
             held = np.flatnonzero(pair & working & (start - ready > HELD_NS) & (ready >= 0))
-            delayed = [i for i in held if _busy(b if lane[i] == main else a, ready[i], start[i])]
+            delayed = _held_by_the_other(held, lane[held] == main, (a, b), ready, start)
             rows.append((int(rank), _name(lanes, main), _name(lanes, other),
                          intervals.length(a) / 1e6, intervals.length(b) / 1e6,
                          intervals.overlap(a, b) / 1e6, len(delayed),
@@ -74,10 +74,13 @@ def _ready(analysis) -> np.ndarray:
     return np.where((launch >= 0) & ~waited, np.maximum(launch, after), -1)
 
 
-def _busy(other: tuple[np.ndarray, np.ndarray], lo: int, hi: int) -> bool:
-    """Whether the other stream was busy for most of [lo, hi)."""
-    inside = intervals.union(other[0], other[1], lo, hi)
-    return intervals.length(inside) >= BUSY_SHARE * (hi - lo)
+def _held_by_the_other(held: np.ndarray, on_main: np.ndarray, busy: tuple, ready: np.ndarray,
+                       start: np.ndarray) -> np.ndarray:
+    """The held ops whose other stream was busy for most of the time from ready to start."""
+    main, other = busy
+    lo, hi = ready[held], start[held]
+    covered = np.where(on_main, intervals.covered(other, lo, hi), intervals.covered(main, lo, hi))
+    return held[covered >= BUSY_SHARE * (hi - lo)]
 
 
 def _name(lanes: pd.DataFrame, lane_id: int) -> str:
