@@ -97,3 +97,20 @@ def test_no_step_markers_analyses_the_whole_span_and_says_so(real: Path, tmp_pat
     detail = run_cli("analyze", bundle, "--detail", "--cache-dir", tmp_path).stdout
     assert "whole span (no step markers)" in " ".join(detail.split())
     assert "no bubbles: no stall of 1 ms or more on any rank's main compute lane" in text
+
+
+def test_a_collectives_late_member_is_no_pipeline_fill_when_its_peer_is_absent(
+        tmp_path: Path) -> None:
+    """The real gloo PP2 × DP2 job (rank 1 sleeps 200 ms before its DP all_reduce; ranks 0 and
+    2 wait for it ~203 ms in the MOE all_to_all over all ranks) without rank 3, rank 1's DP
+    peer: nothing is left to judge rank 1 a straggler by, but the waits reach its sleep through
+    the all_to_all, not through the pipeline, so they are a peer's compute, never its fill."""
+    for path in (SAMPLES / "gloo_pp2_dp2").glob("rank[012].json"):
+        (tmp_path / path.name).write_bytes(path.read_bytes())
+    waits = [b for b in analyze(tracegraph.load(tmp_path, use_cache=False)).bubbles
+             if b.rank in (0, 2) and b.name == "MOE a2a" and b.dur > 150e6]
+    assert len(waits) == 4  # ranks 0 and 2, steps 2 and 3
+    for bubble in waits:
+        assert (bubble.root.rank, bubble.root.name) == (1, "straggler_sleep")
+        assert bubble.category == "peer_compute"
+        assert "pipeline_fill" not in {c.category for c in bubble.listed_causes()}

@@ -56,8 +56,9 @@ REGISTRY: tuple[Cause, ...] = (
           "(CPU-bound launch, Python overhead, data loading)"),
     Cause(PIPELINE_FILL, "", "#f0b84a", "inherent pipeline warm-up / cool-down of the schedule "
           "(expected, shrinks with more microbatches)"),
-    Cause(PEER_COMPUTE, "", "#c7c7a0", "waiting for a peer's compute within the ranks' normal "
-          "variation, in a job without a pipeline (no straggler, no pipeline dependency)"),
+    Cause(PEER_COMPUTE, "", "#c7c7a0", "waiting for a peer's compute that no straggler test "
+          "singled out (normal variation, or no peer to judge it by), in a job without a "
+          "pipeline or through a collective the pipeline does not order"),
     Cause(OWN_COMPUTE, "", "#98df8a", "the rank's own compute, in a job without a pipeline: on "
           "its critical path, its work; in a bubble, work on another of its streams or threads "
           "that the lane waited for (no peer involved)"),

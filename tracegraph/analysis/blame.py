@@ -248,6 +248,8 @@ def through(category: str, via: str) -> str:
     compute is that group's collective waiting for its late member, never the pipeline's."""
     if via in _LOCKSTEP and category in (causes.PIPELINE_FILL, causes.PEER_COMPUTE):
         return via
+    if category == causes.PIPELINE_FILL and via not in ("", causes.PP_P2P):
+        return causes.PEER_COMPUTE  # a collective's late member: the pipeline does not order it
     return category
 
 

@@ -24,7 +24,8 @@ from tracegraph.whatif.predict import Prediction, predict
 from tracegraph.whatif.subject import Subject
 
 NO_FIX = {causes.PIPELINE_FILL: "the schedule's own fill and drain: no single fix removes it",
-          causes.PEER_COMPUTE: "the ranks' normal variation: no straggler to fix",
+          causes.PEER_COMPUTE: ("a peer's compute that no straggler test singled out (normal "
+                                "variation, or no peer in the bundle to judge it by)"),
           causes.OWN_COMPUTE: "the rank's own work: no scheduling fix removes it",
           causes.UNKNOWN: "time the walk could not explain"}
 RULE = ("ceilings of overlapping causes do not add: removing every cause together saves "
