@@ -10,6 +10,7 @@ controls have no straggler, and the fix of the seed's scheduler is a measured im
 
 from __future__ import annotations
 
+import gzip
 import json
 from functools import cache
 from pathlib import Path
@@ -227,3 +228,34 @@ def test_the_graph_is_a_dag_and_bubbles_do_not_overlap(case: str) -> None:
     for spans in lanes.values():
         spans.sort()
         assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:], strict=False))
+
+
+def _without_annotations(case: str, prefix: str, into: Path) -> Path:
+    """A copy of `case`'s ranks without its user annotations named `prefix`…"""
+    for path in folder(case).glob("rank*.json.gz"):
+        trace = json.loads(gzip.decompress(path.read_bytes()))
+        trace["traceEvents"] = [e for e in trace["traceEvents"]
+                                if not (e.get("cat") == "user_annotation"
+                                        and str(e.get("name", "")).startswith(prefix))]
+        (into / path.name).write_bytes(gzip.compress(json.dumps(trace).encode()))
+    return into
+
+
+def test_a_tp_wait_inside_an_autograd_function_is_a_wait_without_its_annotation(
+        tmp_path: Path) -> None:
+    """Megatron's TP layer without a `record_function` around its all-reduce: rank 4 waits for
+    rank 5 (150 ms late) inside the autograd function `_FromTP`, which launched the all-reduce
+    and blocks in its `wait()`. That stretch is the TP collective's wait, as with the
+    annotation (whose verdicts the judge above holds to the truth): rank 5 is the one
+    straggler, and every large bubble has the annotated recording's category and root."""
+    case = "tp2pp2dp2_tp_straggler"
+    stripped = analyze(tracegraph.load(_without_annotations(case, "TP_ALLREDUCE", tmp_path),
+                                       use_cache=False))
+    assert stripped.slow_ranks == analysed(case).slow_ranks == {5}
+    annotated = {(b.rank, b.lane, round(b.end / 1e6)): b for b in analysed(case).bubbles}
+    judged = judge(case, stripped, LARGE_SHARE)
+    assert any(j.bubble.rank == 4 and j.bubble.dur > 140e6 for j in judged)  # the TP wait
+    for j in judged:
+        twin = annotated[(j.bubble.rank, j.bubble.lane, round(j.bubble.end / 1e6))]
+        assert (j.bubble.category, j.bubble.root.rank) == (twin.category, twin.root.rank), \
+            j.text()

@@ -303,7 +303,26 @@ def _flatten(lane_events: pd.DataFrame) -> pd.DataFrame:
         emit(ends[stack[-1]])
         stack.pop()
     segments = ordered.iloc[owner].reset_index(drop=True)
-    return segments.assign(start=seg_start, end=seg_end)
+    waited = _resumed_after_a_comm_call(segments, np.asarray(seg_start), np.asarray(seg_end))
+    return segments.assign(start=seg_start, end=seg_end,
+                           kind=segments["kind"].where(~waited, schema.MARKER))
+
+
+def _resumed_after_a_comm_call(segments: pd.DataFrame, seg_start: np.ndarray,
+                               seg_end: np.ndarray) -> np.ndarray:
+    """Mask of the segments where an enclosing host op goes on right after a communication call
+    nested in it returned (an autograd function around a TP all-reduce, then `wait()`): its
+    thread may be blocked on that communication there, so the stretch is an annotation's (a
+    wait when a comm op's end releases it, the rank's own work otherwise), never compute."""
+    after = np.zeros(len(segments), dtype=bool)
+    if len(segments) < 2:
+        return after
+    call = comm_calls(segments)
+    event, began = segments["event"].to_numpy(), segments["start"].to_numpy()
+    after[1:] = (call[:-1] & (event[1:] != event[:-1]) & (began[1:] < seg_start[1:])
+                 & (seg_end[:-1] == seg_start[1:]))  # the call's owner goes on as it returns
+    kind = segments["kind"].to_numpy()
+    return after & ((kind == schema.HOST) | (kind == schema.COMPUTE))
 
 
 def _lane_table(frame: pd.DataFrame) -> pd.DataFrame:
