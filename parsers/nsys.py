@@ -675,9 +675,16 @@ _DEVICE_COLUMNS = ["start", "end", "device", "stream", "correlation", "name", "t
 def _on_clock(rows: pd.DataFrame, base: int) -> pd.DataFrame:
     """`rows` with start / end moved from ns since the capture began onto the wall clock (a
     time that does not read stays UNREADABLE: validation drops its row)."""
-    times = {c: pd.to_numeric(rows[c], errors="coerce") for c in ("start", "end")}
-    return rows.assign(**{c: (t + base).fillna(UNREADABLE).astype(np.int64)
-                          for c, t in times.items()})
+    return rows.assign(**{c: (_ns(rows[c]) + base).fillna(UNREADABLE).astype(np.int64)
+                          for c in ("start", "end")})
+
+
+def _ns(column: pd.Series) -> pd.Series:
+    """A time column as nullable integers: a column with a NULL reads as floats, whose 53 bits
+    would round a wall-clock time (~1.8e18 ns) to 256 ns once the session's start is added."""
+    times = pd.to_numeric(column, errors="coerce")
+    readable = np.isfinite(times) & (times.abs() < 2.0**62)
+    return times.where(readable).round().astype("Int64")
 
 
 def _process(files: RankFiles, db: Database) -> int:

@@ -90,3 +90,23 @@ def schema_of(path: Path) -> dict[str, set[str]]:
     with closing(sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)) as conn:
         names = [n for (n,) in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")]
         return {n: {c[1] for c in conn.execute(f"PRAGMA table_info('{n}')")} for n in names}
+
+
+def test_times_keep_every_nanosecond_beside_a_null(tmp_path: Path):
+    """NVTX_EVENTS' `end` is NULL on a domain's creation row, so the column reads as floats:
+    each range's end must still be its exported ns on the wall clock, not rounded to 256 ns
+    (which made NCCL's zero-length group ranges end before they began)."""
+    timeline = simulate("hsdp-straggler-sync", seed=0, steps=1)
+    bundle = write_bundle(timeline, tmp_path / "seed.tar.gz", "nsys")
+    with tarfile.open(bundle) as archive:
+        member = next(m for m in archive.getmembers() if m.name.endswith("node0.sqlite"))
+        (tmp_path / "node0.sqlite").write_bytes(archive.extractfile(member).read())
+    with closing(sqlite3.connect(tmp_path / "node0.sqlite")) as conn:
+        assert conn.execute("SELECT count(*) FROM NVTX_EVENTS WHERE end IS NULL").fetchone()[0]
+        exported = conn.execute("SELECT min(end - start) FROM NVTX_EVENTS WHERE eventType = 59 "
+                                "AND text = 'ncclGroupStart'").fetchone()[0]
+    trace = tracegraph.load(bundle, use_cache=False)
+    assert not [w for w in trace.warnings if "negative durations" in w]
+    events = trace.events
+    groups = events[(events["rank"] == 0) & (events["name"] == "ncclGroupStart")]
+    assert len(groups) and int(groups["dur_ns"].min()) == exported
