@@ -23,6 +23,7 @@ from tracegraph.analysis.analyze import analyze
 from tracegraph.analysis.findings import stage_of
 from tracegraph.loading.steps import NO_STEPS
 from tracegraph.simulate import truth_pipeline
+from tracegraph.verdict import verdict
 from tracegraph.whatif.ceilings import gain_ceilings
 
 SEED = SAMPLES / "simulated" / "hsdp-straggler-sync-ascend.tar.gz"
@@ -99,18 +100,34 @@ def test_no_step_markers_analyses_the_whole_span_and_says_so(real: Path, tmp_pat
     assert "no bubbles: no stall of 1 ms or more on any rank's main compute lane" in text
 
 
-def test_a_collectives_late_member_is_no_pipeline_fill_when_its_peer_is_absent(
-        tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def without_rank_3(tmp_path_factory: pytest.TempPathFactory):
     """The real gloo PP2 × DP2 job (rank 1 sleeps 200 ms before its DP all_reduce; ranks 0 and
     2 wait for it ~203 ms in the MOE all_to_all over all ranks) without rank 3, rank 1's DP
-    peer: nothing is left to judge rank 1 a straggler by, but the waits reach its sleep through
-    the all_to_all, not through the pipeline, so they are a peer's compute, never its fill."""
+    peer and a member of every group rank 1 is in."""
+    folder = tmp_path_factory.mktemp("gloo")
     for path in (SAMPLES / "gloo_pp2_dp2").glob("rank[012].json"):
-        (tmp_path / path.name).write_bytes(path.read_bytes())
-    waits = [b for b in analyze(tracegraph.load(tmp_path, use_cache=False)).bubbles
+        (folder / path.name).write_bytes(path.read_bytes())
+    return analyze(tracegraph.load(folder, use_cache=False))
+
+
+def test_a_collectives_late_member_is_no_pipeline_fill_when_its_peer_is_absent(
+        without_rank_3) -> None:
+    """Nothing is left to judge rank 1 a straggler by, but the waits reach its sleep through
+    the all_to_all, not through the pipeline, so they are a peer's compute, never its fill."""
+    waits = [b for b in without_rank_3.bubbles
              if b.rank in (0, 2) and b.name == "MOE a2a" and b.dur > 150e6]
     assert len(waits) == 4  # ranks 0 and 2, steps 2 and 3
     for bubble in waits:
         assert (bubble.root.rank, bubble.root.name) == (1, "straggler_sleep")
         assert bubble.category == "peer_compute"
         assert "pipeline_fill" not in {c.category for c in bubble.listed_causes()}
+
+
+def test_whom_to_profile_names_each_group_once(without_rank_3) -> None:
+    """The world group's absent member was waited on in P2P, the all_to_all and an all_reduce:
+    the advice names the group once, with those waits together."""
+    said = verdict(without_rank_3)
+    named = [g["group"] for g in said["profile"]]
+    assert sorted(named) == sorted(set(named)) and {"0", "2"} <= set(named)
+    assert all(g["ranks"] == [3] for g in said["profile"])

@@ -241,11 +241,15 @@ class _Origins:
         return out
 
     def to_profile(self) -> list[dict[str, object]]:
-        """The groups whose absent members the causes waited on, largest first."""
-        groups = sorted(((ns, key[1]) for key, ns in self.ns.items()
-                         if len(key) == 2 and key[1]), reverse=True)
+        """The groups whose absent members the causes waited on, largest first (a group
+        waited on by several categories of communication once, with their time together)."""
+        waited: dict[str, float] = {}
+        for key, ns in self.ns.items():
+            if len(key) == 2 and key[1]:
+                waited[key[1]] = waited.get(key[1], 0) + ns
+        largest = sorted(waited.items(), key=lambda kv: -kv[1])
         return [{"group": g, "group_label": self.labels.get(g, g), "ms": round(ns / NS_PER_MS, 3),
-                 "ranks": self.absent(g)} for ns, g in groups]
+                 "ranks": self.absent(g)} for g, ns in largest]
 
 
 def straggling_excess(analysis: Analysis) -> dict[tuple[str, int], float]:
