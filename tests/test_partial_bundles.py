@@ -82,6 +82,9 @@ def test_ceilings_that_add_up_to_less_than_removing_all_say_so(analysed) -> None
     assert ceilings["rule"].startswith(
         f"removing every cause together saves {ceilings['together']['ceiling_ms']:.1f} ms, "
         f"more than the sum {single:.1f} ms of the single ceilings")
+    alone = max(c["ceiling_ms"] for c in ceilings["causes"] if c["ceiling_ms"] is not None)
+    little = alone < 0.5 * ceilings["together"]["ceiling_ms"]  # no one fix gains half of it
+    assert ("a fix of one gains little" in ceilings["rule"]) == little
 
 
 def test_no_step_markers_analyses_the_whole_span_and_says_so(real: Path, tmp_path: Path

@@ -32,7 +32,9 @@ RULE = ("ceilings of overlapping causes do not add: removing every cause togethe
         "{together:.1f} ms, not the sum {total:.1f} ms")
 MORE = ("removing every cause together saves {together:.1f} ms, more than the sum {total:.1f} ms "
         "of the single ceilings: the causes stand in for each other (one removed alone, another "
-        "still holds the step), so a fix of one gains little until the others are fixed too")
+        "still holds the step)")
+LITTLE = ", so a fix of one gains little until the others are fixed too"
+LITTLE_SHARE = 0.5  # ... when no single ceiling reaches this share of removing them together
 _RECENT: list[Subject] = []  # the last analyses' subjects (a report summarizes one many times)
 
 
@@ -111,7 +113,10 @@ def _rule(rows: list[dict[str, object]], together: float) -> str:
     total = sum(ceilings)
     if len(ceilings) < 2 or f"{together:.1f}" == f"{total:.1f}":
         return ""
-    return (MORE if together > total else RULE).format(together=together, total=total)
+    if together <= total:
+        return RULE.format(together=together, total=total)
+    little = LITTLE if max(ceilings) < LITTLE_SHARE * together else ""
+    return MORE.format(together=together, total=total) + little
 
 
 def _ceiling(prediction: Prediction) -> dict[str, float]:
