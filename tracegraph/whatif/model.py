@@ -274,12 +274,9 @@ def _with_launch_pairs(model: TimingModel, analysis: Analysis) -> TimingModel:
                                               strict=True)}
     paired = np.array([frozenset((a, b)) not in shared for a, b in zip(
         graph.lane_id[record].tolist(), graph.lane_id[wait].tolist(), strict=True)], dtype=bool)
-    if not paired.any():
-        return model
-    model = model.with_edges(start(record[paired]), end(wait[paired]), "event_wait")
-    model.notes.append(f"{int(paired.sum())} waits that did not block are tied to the record "
-                       "launched right before them (no event id names it)")
-    return model
+    return _with_releases(model, start(record[paired]), end(wait[paired]),
+                          "waits that did not block are tied to the record launched right "
+                          "before them (no event id names it)")
 
 
 def _with_order_pairs(model: TimingModel, analysis: Analysis, steps: StepOps) -> TimingModel:
@@ -293,11 +290,18 @@ def _with_order_pairs(model: TimingModel, analysis: Analysis, steps: StepOps) ->
                            & (analysis.ops.frame["correlation"].to_numpy() < 0))
     record = _executed_before(graph, steps, waits)
     paired = record >= 0
-    if not paired.any():
+    return _with_releases(model, start(record[paired]), start(waits[paired]),
+                          "waits name no record (no event id, no launch order): each is tied "
+                          "to the record executed last before it in its step")
+
+
+def _with_releases(model: TimingModel, src: np.ndarray, dst: np.ndarray, said: str
+                   ) -> TimingModel:
+    """The model with event_wait edges src -> dst, and a note of how many ("{count} {said}")."""
+    if not len(src):
         return model
-    model = model.with_edges(start(record[paired]), start(waits[paired]), "event_wait")
-    model.notes.append(f"{int(paired.sum())} waits name no record (no event id, no launch "
-                       "order): each is tied to the record executed last before it in its step")
+    model = model.with_edges(src, dst, "event_wait")
+    model.notes.append(f"{len(src)} {said}")
     return model
 
 
