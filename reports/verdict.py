@@ -8,6 +8,9 @@ from html import escape
 
 _HCCL_LANE = re.compile(r"\bhccl (\S+)")
 SHOWN_STEPS = 4  # steps named in the head line
+PROFILE_NEXT = "the members outside the bundle a collective waited on (a late one, or its transfer)"
+"""Whom to profile: a collective's time after its last profiled member arrived is a member
+outside the bundle arriving later still, or the transfer itself; only their profiles tell."""
 
 
 def verdict_lines(verdict: dict[str, object]) -> list[str]:
@@ -54,7 +57,7 @@ def _head(verdict: dict[str, object]) -> str:
     """"step 1: 6649.7 ms, slowest rank 0, which stalled 1154.8 ms (17.4 %)" or, over steps,
     the median and each step's slowest rank."""
     steps = verdict["steps"]
-    stalled = sum(s["stalled_ms"] for s in steps) / len(steps)
+    stalled = verdict["stalled_ms"]
     share = (f"{stalled:.1f} ms ({pct(verdict['stalled_share'])}) in stalls of "
              f"{verdict['threshold_ms']:g} ms or more")
     if len(steps) == 1:
@@ -144,6 +147,7 @@ def fix_line(fix: dict[str, object]) -> str:
 
 
 def _profile_line(groups: list[dict[str, object]], top: int = 3, ranks: int = 3) -> str:
+    """Whom to profile next: the groups whose absent members the causes waited on."""
     shown = []
     for group in groups[:top]:
         named = group["ranks"]
@@ -151,7 +155,7 @@ def _profile_line(groups: list[dict[str, object]], top: int = 3, ranks: int = 3)
         shown.append(f"{group['group_label']} ({len(named)} absent: {listed})" if named
                      else f"{group['group_label']} (members not named: the whole group)")
     more = f", … {len(groups) - top} more groups" if len(groups) > top else ""
-    return "profile next, the late member is outside the bundle: " + ", ".join(shown) + more
+    return f"profile next, {PROFILE_NEXT}: " + ", ".join(shown) + more
 
 
 # --- Markdown and HTML -----------------------------------------------------------------------

@@ -1,10 +1,14 @@
 """The verdict: what an engineer reads first about a bundle, in ten seconds.
 
-The step time and its slowest rank; the causes that held the step back, largest first — the
+The step time (the median over steps of the slowest rank's) and each step's slowest rank; the
+causes that held the step back, largest first — the
 slowest rank's stalls (its bubbles, decomposed as blame charges them) and, when it is a
 straggler itself, its own compute's excess over its peers', grouped by origin (rank, lane, op,
 or the group whose absent members it waited on), each with its share of the step and how sure
-the chain is; the fix for the largest cause that is not the schedule's own and
+the chain is. A share is the cause's share of each step's time, averaged over the steps (each step
+weighs the same, as in the median), and its ms per step that share of the headline step time: the
+shares add up to the stalled share, and a warm-up step of several times the others moves them no
+more than any other step does; the fix for the largest cause that is not the schedule's own and
 what replaying the dependency graph says it gains (a named `whatif` fix where one applies, else
 the cause's gain ceiling); the longest stalls and their origin; whom to profile when the origin
 is outside the bundle; and the one finding that costs the most.
@@ -85,22 +89,23 @@ def verdict(analysis: Analysis, *, findings: list[dict[str, object]] = (),
     origins = _Origins(analysis)
     notes = []
     for row in steps.itertuples(index=False):
-        origins.add_step(int(row.step), int(row.rank))
+        origins.add_step(int(row.step), int(row.rank), float(row.ms))
         if row.stated_rank >= 0:
             notes.append(f"step {row.step}: rank {row.stated_rank}'s step ({row.stated_ms:.1f} "
                          f"ms) is from its step table (no timeline): causes are those of rank "
                          f"{row.rank}, the slowest with a timeline")
-    total_ms = float(steps["ms"].sum())
-    listed = origins.causes(total_ms, len(steps), pipeline)
+    step_ms = float(np.median(steps["ms"]))
+    listed = origins.causes(step_ms, len(steps), pipeline)
     fix = _fix(analysis, listed, {f["kind"] for f in findings})
+    stalled = origins.stalled_share(len(steps))
     return {
-        "step_ms": round(float(np.median(steps["ms"])), 3),
+        "step_ms": round(step_ms, 3),
         "steps": [{"step": int(r.step), "ms": round(float(r.ms), 3), "slowest_rank": int(r.rank),
                    "stalled_ms": round(origins.stalled_ns.get(int(r.step), 0) / NS_PER_MS, 3)}
                   for r in steps.itertuples(index=False)],
         "threshold_ms": analysis.threshold_ms,
-        "stalled_share": round(sum(origins.stalled_ns.values()) / NS_PER_MS / total_ms, 4)
-        if total_ms else 0.0,
+        "stalled_share": round(stalled, 4),
+        "stalled_ms": round(stalled * step_ms, 3),
         "causes": listed,
         "stalls": origins.stalls(step),
         "fix": fix,
@@ -138,54 +143,66 @@ class _Origins:
         self.labels = distinct_labels(analysis)
         self.members = analysis.trace.group_members()
         self.present = set(analysis.trace.rank_ids)
-        self.ns: dict[tuple, float] = {}
+        self.ns: dict[tuple, float] = {}  # per origin: its ns over the steps
+        self.shares: dict[tuple, float] = {}  # per origin: its shares of the steps, summed
         self.where: dict[tuple, Cause] = {}  # an origin's heaviest cause
         self.sureness: dict[str, list[tuple[int, str, str]]] = {}  # category -> (ns, level, why)
         self.stalled_ns: dict[int, int] = {}
+        self.step_ns: dict[int, float] = {}
 
-    def add_step(self, step: int, rank: int) -> None:
-        """The slowest `rank`'s bubbles in `step`, and its own straggling compute."""
+    def add_step(self, step: int, rank: int, ms: float) -> None:
+        """The slowest `rank`'s bubbles in `step` (`ms` long), and its own straggling compute."""
         bubbles = [b for b in self.analysis.bubbles if b.step == step and b.rank == rank]
         self.stalled_ns[step] = sum(b.dur for b in bubbles)
+        self.step_ns[step] = ms * NS_PER_MS
         for bubble in bubbles:
             for cause in bubble_causes(bubble):
-                self._add(cause, bubble.sureness, bubble.evidence)
+                self._add(cause, step, bubble.sureness, bubble.evidence)
         for seg, ns in _own_straggling(self.analysis, step, rank, bubbles):
             excess = round(ns * self.excess.get((seg.name, seg.rank), 1.0))
             self._add(Cause(causes.COMPUTE_STRAGGLER, seg.rank, seg.lane, seg.name, "", excess,
-                            1.0), STRAGGLER_CONFIDENCE, "its own ops against its peers' median")
+                            1.0), step, STRAGGLER_CONFIDENCE,
+                      "its own ops against its peers' median")
 
-    def _add(self, cause: Cause, sureness: str, evidence: str) -> None:
+    def stalled_share(self, steps: int) -> float:
+        """The slowest ranks' stalls' share of their step, averaged over the steps."""
+        return sum(ns / self.step_ns[s] for s, ns in self.stalled_ns.items()
+                   if self.step_ns[s] > 0) / steps
+
+    def _add(self, cause: Cause, step: int, sureness: str, evidence: str) -> None:
         if cause.ns <= 0:
             return
         key = (cause.category,) if cause.category in INHERENT else (
             (cause.category, cause.group) if cause.group else
             (cause.category, cause.rank, cause.lane))
         self.ns[key] = self.ns.get(key, 0.0) + cause.ns
+        if self.step_ns[step] > 0:
+            self.shares[key] = self.shares.get(key, 0.0) + cause.ns / self.step_ns[step]
         if key not in self.where or cause.ns > self.where[key].ns:
             self.where[key] = cause
         self.sureness.setdefault(cause.category, []).append((cause.ns, sureness, evidence))
 
-    def causes(self, total_ms: float, steps: int, pipeline: dict | None) -> list[dict]:
-        """Per category, largest first: ms per step, share of the step, how sure, and its
-        origins (the TOP_ORIGINS largest; the rest counted)."""
+    def causes(self, step_ms: float, steps: int, pipeline: dict | None) -> list[dict]:
+        """Per category, largest first: its share of the step (averaged over the steps), that
+        share of `step_ms` (the headline step time) as ms per step, how sure, and its origins
+        (the TOP_ORIGINS largest; the rest counted)."""
+        share = {k: self.shares.get(k, 0.0) / steps for k in self.ns}
         by_category: dict[str, list[tuple]] = {}
-        shown = [k for k in self.ns if self.ns[k] / NS_PER_MS / steps >= SHOWN_MS]
-        for key in sorted(shown, key=lambda k: -self.ns[k]):
+        shown = [k for k in share if share[k] * step_ms >= SHOWN_MS]
+        for key in sorted(shown, key=lambda k: -share[k]):
             by_category.setdefault(key[0], []).append(key)
         rows = []
         for category, keys in by_category.items():
-            ns = sum(self.ns[k] for k in keys)
-            sureness, evidence = self._least_sure(category, ns)
-            row = {"category": category, "ms": round(ns / NS_PER_MS / steps, 3),
-                   "share": round(ns / NS_PER_MS / total_ms, 4) if total_ms else 0.0,
+            whole = sum(share[k] for k in keys)
+            sureness, evidence = self._least_sure(category, sum(self.ns[k] for k in keys))
+            row = {"category": category, "ms": round(whole * step_ms, 3),
+                   "share": round(whole, 4),
                    "inherent": category in INHERENT, "confidence": sureness,
                    **({"no_fix": NO_FIX[category]} if category in INHERENT else {}),
                    "evidence": evidence,
-                   "origins": [self._origin(k, total_ms, steps) for k in keys[:TOP_ORIGINS]],
+                   "origins": [self._origin(k, share[k], step_ms) for k in keys[:TOP_ORIGINS]],
                    "more_origins": len(keys[TOP_ORIGINS:]),
-                   "more_ms": round(sum(self.ns[k] for k in keys[TOP_ORIGINS:]) / NS_PER_MS
-                                    / steps, 3)}
+                   "more_ms": round(sum(share[k] for k in keys[TOP_ORIGINS:]) * step_ms, 3)}
             if category == causes.PIPELINE_FILL and pipeline and pipeline.get("steps"):
                 ratio = pipeline["steps"][0]
                 row["bubble_ratio"] = {"measured": ratio["measured"], "theory": ratio["theory"]}
@@ -199,10 +216,9 @@ class _Origins:
         _, level, evidence = min(weighty, key=lambda c: LEVELS.index(c[1]))
         return level, evidence
 
-    def _origin(self, key: tuple, total_ms: float, steps: int) -> dict[str, object]:
-        ms = self.ns[key] / NS_PER_MS
-        return {**self.described(self.where[key]), "ms": round(ms / steps, 3),
-                "share": round(ms / total_ms, 4) if total_ms else 0.0}
+    def _origin(self, key: tuple, share: float, step_ms: float) -> dict[str, object]:
+        return {**self.described(self.where[key]), "ms": round(share * step_ms, 3),
+                "share": round(share, 4)}
 
     def described(self, cause: Cause) -> dict[str, object]:
         """Where a cause lies: rank, lane, op, and the group with absent members it waited on

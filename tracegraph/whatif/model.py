@@ -44,12 +44,15 @@ from tracegraph.analysis.analyze import Analysis
 from tracegraph.graph.depgraph import DepGraph, exchanges
 from tracegraph.graph.match import BLOCKING_WAIT_NS, RECORD_WINDOW_NS
 from tracegraph.whatif.inferred import inferred_edges
+from tracegraph.whatif.steps import StepOps, step_launches, step_ops
 
 EDGE_KINDS = ("stream", "own", "launch", "gate", "event_wait", "queue", "p2p", "arrival",
-              "collective", "host_release", "host_sync", "shared_queue", "drain", "hold")
+              "collective", "host_release", "host_sync", "shared_queue", "drain", "hold", "step")
 """Why a node waited for another: the DepGraph's edge kinds, `own` (an op's end after its
 start), `arrival` (a member's start → its instance's last arrival), and the edits' `drain` (a
-reduction drained before the optimizer) and `hold` (a send held until a reduction is done)."""
+reduction drained before the optimizer) and `hold` (a send held until a reduction is done), and
+`step` (a lane's first op of a step the host launched whole after the step before it ended:
+`steps.step_launches`)."""
 KIND = {name: code for code, name in enumerate(EDGE_KINDS)}
 EAGER_NS = 50_000  # a P2P half ending this long before its peer posted did not wait for it
 POSTING_RUN = 8  # calls a P2P run of a host thread may hold (send, recv and their records)
@@ -122,8 +125,9 @@ def end(op: np.ndarray | int) -> np.ndarray | int:
     return 2 * op + 1
 
 
-def build_model(analysis: Analysis) -> TimingModel:
-    """The timing model of the analysis' DepGraph, its constants from the measured times."""
+def build_model(analysis: Analysis, steps: StepOps | None = None) -> TimingModel:
+    """The timing model of the analysis' DepGraph, its constants from the measured times
+    (`steps`: the analysis' `step_ops`, found when not given)."""
     graph = analysis.graph
     n = len(graph)
     instances = [np.asarray(ops, dtype=np.int64) for ops in
@@ -144,6 +148,10 @@ def build_model(analysis: Analysis) -> TimingModel:
                         contradiction=np.zeros(nodes, dtype=np.int64), virtual=virtual)
     model.measured = _measured(model, graph)
     model = _without_eager_sends(model)
+    steps = step_ops(analysis) if steps is None else steps
+    ended, launched = step_launches(graph, steps)
+    model = model.with_edges(end(ended), start(launched), "step")
+    model = _with_order_pairs(model, analysis, steps)
     _fit(model)
     model = _with_inferred(model, graph)
     _fit(model)
@@ -157,7 +165,7 @@ def _unmatched_waits(model: TimingModel, graph: DepGraph) -> list[str]:
     """What the model says of device waits matched to no record: a blocking one keeps its
     measured length; one that did not block (Ascend names no event: only a blocking wait is
     matched, by time) cannot block in a prediction that makes its record later."""
-    unmatched = (graph.kind == schema.WAIT) & (graph.dep < 0) & ~graph.host_side
+    unmatched = _unmatched_device_waits(graph)
     tied = np.zeros(len(graph), dtype=bool)
     tied[model.dst[model.kind == KIND["event_wait"]] // 2] = True
     unmatched &= ~tied
@@ -259,7 +267,52 @@ def _with_launch_pairs(model: TimingModel, analysis: Analysis) -> TimingModel:
     ended. Not between streams of one hardware queue: they execute in launch order, so there a
     record launched before a wait ran before it whatever event the wait is on."""
     graph = analysis.graph
-    corr = analysis.ops.frame["correlation"].to_numpy()
+    record, wait = _launch_pairs(graph, analysis.ops.frame["correlation"].to_numpy())
+    queued = model.kind == KIND["shared_queue"]
+    shared = {frozenset(pair) for pair in zip(graph.lane_id[model.src[queued] // 2].tolist(),
+                                              graph.lane_id[model.dst[queued] // 2].tolist(),
+                                              strict=True)}
+    paired = np.array([frozenset((a, b)) not in shared for a, b in zip(
+        graph.lane_id[record].tolist(), graph.lane_id[wait].tolist(), strict=True)], dtype=bool)
+    return _with_releases(model, start(record[paired]), end(wait[paired]),
+                          "waits that did not block are tied to the record launched right "
+                          "before them (no event id names it)")
+
+
+def _with_order_pairs(model: TimingModel, analysis: Analysis, steps: StepOps) -> TimingModel:
+    """Add, for each device wait matched to no record whose profile holds no launch order
+    either (raw msprof graph mode: no event id, no correlation id; a wait's time is when it was
+    released, the stream idle before it), the record of another lane of its rank that started
+    last before it in its step: a graph step runs its records and waits in one order, so the
+    record just before a wait is the one it was released by (or, had it blocked, would be)."""
+    graph = analysis.graph
+    waits = np.flatnonzero(_unmatched_device_waits(graph)
+                           & (analysis.ops.frame["correlation"].to_numpy() < 0))
+    record = _executed_before(graph, steps, waits)
+    paired = record >= 0
+    return _with_releases(model, start(record[paired]), start(waits[paired]),
+                          "waits name no record (no event id, no launch order): each is tied "
+                          "to the record executed last before it in its step")
+
+
+def _with_releases(model: TimingModel, src: np.ndarray, dst: np.ndarray, said: str
+                   ) -> TimingModel:
+    """The model with event_wait edges src -> dst, and a note of how many ("{count} {said}")."""
+    if not len(src):
+        return model
+    model = model.with_edges(src, dst, "event_wait")
+    model.notes.append(f"{len(src)} {said}")
+    return model
+
+
+def _unmatched_device_waits(graph: DepGraph) -> np.ndarray:
+    """Per op: a device wait matched to no record."""
+    return (graph.kind == schema.WAIT) & (graph.dep < 0) & ~graph.host_side
+
+
+def _launch_pairs(graph: DepGraph, corr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(record, wait): each unmatched wait with the record of another lane launched right
+    before it (correlation id one lower), executed no later than the wait ended."""
     ops = np.flatnonzero(np.isin(graph.kind, [schema.RECORD, schema.WAIT]) & (corr >= 0)
                          & ~graph.host_side)
     ops = ops[np.lexsort((corr[ops], graph.rank[ops]))]
@@ -268,20 +321,27 @@ def _with_launch_pairs(model: TimingModel, analysis: Analysis) -> TimingModel:
               & (graph.kind[record] == schema.RECORD) & (graph.rank[record] == graph.rank[wait])
               & (corr[record] == corr[wait] - 1) & (graph.lane_id[record] != graph.lane_id[wait])
               & (graph.start[record] <= graph.end[wait] + RECORD_WINDOW_NS))
-    queued = model.kind == KIND["shared_queue"]
-    shared = {frozenset(pair) for pair in zip(graph.lane_id[model.src[queued] // 2].tolist(),
-                                              graph.lane_id[model.dst[queued] // 2].tolist(),
-                                              strict=True)}
-    if shared:
-        paired &= np.array([frozenset((a, b)) not in shared for a, b in zip(
-            graph.lane_id[record].tolist(), graph.lane_id[wait].tolist(), strict=True)],
-            dtype=bool)
-    if not paired.any():
-        return model
-    model = model.with_edges(start(record[paired]), end(wait[paired]), "event_wait")
-    model.notes.append(f"{int(paired.sum())} waits that did not block are tied to the record "
-                       "launched right before them (no event id names it)")
-    return model
+    return record[paired], wait[paired]
+
+
+def _executed_before(graph: DepGraph, steps: StepOps, waits: np.ndarray) -> np.ndarray:
+    """Per wait: the record on another lane of its rank, in its step, that started last at or
+    before the wait started (-1: none)."""
+    out = np.full(len(waits), -1, dtype=np.int64)
+    records = np.flatnonzero((graph.kind == schema.RECORD) & ~graph.host_side
+                             & (steps.row >= 0))
+    for row in np.unique(steps.row[waits]).tolist():
+        if row < 0:
+            continue
+        mine = np.flatnonzero(steps.row[waits] == row)
+        candidates = records[steps.row[records] == row]
+        candidates = candidates[np.argsort(graph.start[candidates], kind="stable")]
+        for k in mine.tolist():
+            w = waits[k]
+            other = candidates[(graph.lane_id[candidates] != graph.lane_id[w])
+                               & (graph.start[candidates] <= graph.start[w])]
+            out[k] = other[-1] if len(other) else -1
+    return out
 
 
 def _measured(model: TimingModel, graph: DepGraph) -> np.ndarray:

@@ -15,10 +15,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from tracegraph.analysis.analyze import Analysis
-from tracegraph.verify.metrics import step_table
 from tracegraph.whatif import engine
 from tracegraph.whatif.model import TimingModel
+from tracegraph.whatif.steps import StepOps
 
 MAX_ERROR = 0.02  # replay error of a rank's step above which the step is not predicted
 NS_PER_MS = 1e6
@@ -39,41 +38,6 @@ class Replay:
     @property
     def end(self) -> np.ndarray:
         return self.timing.times[1:2 * self.model.ops:2]
-
-
-@dataclass
-class StepOps:
-    """Which ops make each measured step of each rank."""
-
-    table: pd.DataFrame  # rank, step, start, end (measured ns), ms: metrics.step_table
-    row: np.ndarray  # per op: its row of `table`, -1 outside every step
-    first: np.ndarray  # per row: the op that started first in it, -1 if none
-    last_end: np.ndarray  # per row: the latest measured end of its ops
-
-
-def step_ops(analysis: Analysis) -> StepOps:
-    """Assign every timeline op to the step of its rank it started in."""
-    graph = analysis.graph
-    table = step_table(analysis)
-    n = len(graph)
-    ops = pd.DataFrame({"rank": graph.rank.astype(np.int64), "time": graph.start,
-                        "op": np.arange(n)})
-    ops = ops[~graph.host_side].sort_values("time", kind="stable")
-    windows = table.assign(row=np.arange(len(table)), rank=table["rank"].astype(np.int64))
-    windows = windows.sort_values("start", kind="stable")
-    hit = pd.merge_asof(ops, windows[["rank", "start", "end", "row"]], left_on="time",
-                        right_on="start", by="rank", direction="backward")
-    inside = hit["row"].notna().to_numpy() & (hit["time"] < hit["end"]).to_numpy()
-    row = np.full(n, -1, dtype=np.int64)
-    row[hit["op"].to_numpy()[inside]] = hit["row"].to_numpy()[inside].astype(np.int64)
-    member = np.flatnonzero(row >= 0)
-    first = np.full(len(table), -1, dtype=np.int64)
-    order = member[np.lexsort((graph.start[member], row[member]))]
-    lead = np.r_[True, row[order][1:] != row[order][:-1]] if len(order) else order.astype(bool)
-    first[row[order][lead]] = order[lead]
-    last_end = np.full(len(table), np.iinfo(np.int64).min, dtype=np.int64)
-    np.maximum.at(last_end, row[member], graph.end[member])
-    return StepOps(table=table, row=row, first=first, last_end=last_end)
 
 
 def replay(model: TimingModel, steps: StepOps) -> Replay:

@@ -19,7 +19,8 @@ from tracegraph.analysis.analyze import Analysis
 from tracegraph.graph.ops import comm_calls, searches
 from tracegraph.verify.metrics import comm_categories
 from tracegraph.whatif.model import KIND, TimingModel, build_model
-from tracegraph.whatif.replay import Replay, StepOps, replay, step_ops
+from tracegraph.whatif.replay import Replay, replay
+from tracegraph.whatif.steps import StepOps, step_ops
 
 HANDOFF_DEPTH = 16  # nodes a search follows through records, waits and annotations
 RELEASES = tuple(KIND[k] for k in ("event_wait", "host_release"))
@@ -42,8 +43,8 @@ class Subject:
     memo: dict[str, object] = field(init=False, default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
-        self.model = build_model(self.analysis)
         self.steps = step_ops(self.analysis)
+        self.model = build_model(self.analysis, self.steps)
 
     @property
     def graph(self):
