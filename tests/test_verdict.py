@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import corpus
 from tests.conftest import SAMPLES
 from tests.test_checks import run_cli
 
@@ -161,3 +162,22 @@ def test_help_tells_the_truth() -> None:
     whatif = " ".join(help_of("whatif").split())
     assert "Exit codes: 0 a prediction was made, also when an edit finds nothing to change" in (
         whatif)
+
+
+def test_a_rotating_straggler_is_named_step_by_step(cache_dir: Path) -> None:
+    """The recorded dp4_rotating_straggler job (its ground truth: in each profiled step a
+    different rank's FWD takes 120 ms longer, 5× its usual): over the profile no rank is slower
+    than the others, so the verdict weighs each step's straggler in its step. The straggling
+    compute leads, as most of the step, spread over the stragglers, and the finding names the
+    straggler of every step, never one rank for all."""
+    case = "dp4_rotating_straggler"
+    run = piped("analyze", corpus.folder(case), cache=cache_dir)
+    lines = run.stdout.splitlines()
+    assert lines[2].split()[0] == "compute_straggler", lines[:4]
+    assert float(re.search(r"([\d.]+) %", lines[2])[1]) >= 50
+    named = {int(m[1]) for x in lines[3:6] if (m := re.search(r"rank (\d+) thread", x))}
+    assert len(named) == 3  # the three largest of the four, the fourth "… 1 more origin"
+    [finding] = [x for x in lines if x.startswith("finding first:")]
+    each = ", ".join(f"rank {s['rank']} in step {s['step']}"
+                     for s in corpus.truth(case)["expected"]["stragglers"])
+    assert finding.startswith(f"finding first: a different rank straggles in each step ({each})")

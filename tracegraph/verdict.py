@@ -37,6 +37,7 @@ NS_PER_MS = 1e6
 SHOWN_MS = 0.05  # origins of less per step than this round to nothing: left out
 TOP_ORIGINS = 3  # origins listed per category
 TOP_STALLS = 3  # longest stalls named
+STRAGGLER_SHARE = 0.1  # a rank holding this share of the straggling compute is named a straggler
 INHERENT = (causes.PIPELINE_FILL, causes.PEER_COMPUTE, causes.OWN_COMPUTE)
 """Categories that are the job's own work or schedule: listed, never the cause to fix."""
 NAMED_FIXES = {causes.DP_REDUCTION: ("decouple-reduction", "separate-queues"),
@@ -110,7 +111,9 @@ def verdict(analysis: Analysis, *, findings: list[dict[str, object]] = (),
         "stalls": origins.stalls(step),
         "fix": fix,
         "profile": origins.to_profile(),
-        "finding": _finding(listed, findings, fix),
+        "finding": _finding(listed, findings, fix, [
+            (int(s), int(r)) for s, r in analysis.step_stragglers[["step", "rank"]].itertuples(
+                index=False) if step is None or s == step]),
         "notes": notes,
         "group_labels": origins.lane_labels(),
     }
@@ -140,6 +143,7 @@ class _Origins:
     def __init__(self, analysis: Analysis) -> None:
         self.analysis = analysis
         self.excess = straggling_excess(analysis)
+        self.step_excess = step_excess(analysis)
         self.labels = distinct_labels(analysis)
         self.members = analysis.trace.group_members()
         self.present = set(analysis.trace.rank_ids)
@@ -159,7 +163,9 @@ class _Origins:
             for cause in bubble_causes(bubble):
                 self._add(cause, step, bubble.sureness, bubble.evidence)
         for seg, ns in _own_straggling(self.analysis, step, rank, bubbles):
-            excess = round(ns * self.excess.get((seg.name, seg.rank), 1.0))
+            share = max(self.excess.get((seg.name, seg.rank), 1.0),
+                        self.step_excess.get((step, seg.rank), 0.0))
+            excess = round(ns * share)
             self._add(Cause(causes.COMPUTE_STRAGGLER, seg.rank, seg.lane, seg.name, "", excess,
                             1.0), step, STRAGGLER_CONFIDENCE,
                       "its own ops against its peers' median")
@@ -285,6 +291,16 @@ def straggling_excess(analysis: Analysis) -> dict[tuple[str, int], float]:
                     strict=True))
 
 
+def step_excess(analysis: Analysis) -> dict[tuple[int, int], float]:
+    """(step, rank) -> the share of a step straggler's work there in excess of its peers'
+    median in that step: a straggler that rotates between ranks runs the same ops as its peers
+    over the profile (none in excess by name), but not in its step."""
+    table = analysis.step_stragglers
+    return {(int(s), int(r)): max(1 - p / w, 0.0) if w > 0 else 0.0
+            for s, r, w, p in table[["step", "rank", "work_ms", "peers_ms"]].itertuples(
+                index=False)}
+
+
 def _name_medians(part: Analysis) -> pd.DataFrame:
     return name_medians(part.ops)
 
@@ -353,20 +369,22 @@ def _named_fix(analysis: Analysis, category: str, found: set[str]) -> dict[str, 
     return None
 
 
-def _finding(listed: list[dict], findings: list[dict], fix: dict) -> dict | None:
+def _finding(listed: list[dict], findings: list[dict], fix: dict,
+             by_step: list[tuple[int, int]] = ()) -> dict | None:
     """The finding that costs the most per step: a compute straggler (the time the step spent
-    on it) or a warning finding (its exposed ms); None when nothing warns."""
+    on it) or a warning finding (its exposed ms); None when nothing warns. `by_step`: each
+    step's stragglers (step, rank)."""
     candidates = []
     straggler = next((c for c in listed if c["category"] == causes.COMPUTE_STRAGGLER), None)
     if straggler is not None:
         origin = straggler["origins"][0]
-        gain = (f"; at its peers' speed the step would be {fix['gain_ms']:.1f} ms shorter by "
+        gain = (f"; at the peers' speed the step would be {fix['gain_ms']:.1f} ms shorter by "
                 "replay" if fix.get("cause") == causes.COMPUTE_STRAGGLER and "gain_ms" in fix
                 else "")
         candidates.append((straggler["ms"], {
             "kind": "compute_straggler", "severity": "warning",
-            "title": f"rank {origin['rank']} is a compute straggler: the step spends "
-                     f"{100 * straggler['share']:.0f} % of its time on its slow compute (most "
+            "title": f"{_who_straggles(straggler, by_step)}: the step spends "
+                     f"{100 * straggler['share']:.0f} % of its time on slow compute (most "
                      f"in {origin['name'][:60]}){gain}",
             "impact_ms": straggler["ms"]}))
     for found in findings:
@@ -377,6 +395,21 @@ def _finding(listed: list[dict], findings: list[dict], fix: dict) -> dict | None
     if not candidates:
         return None
     return max(candidates, key=lambda c: c[0])[1]
+
+
+def _who_straggles(straggler: dict, by_step: list[tuple[int, int]]) -> str:
+    """Which ranks the straggling compute is on: one, several, or a different one per step."""
+    ranks = list(dict.fromkeys(o["rank"] for o in straggler["origins"]
+                               if o["ms"] >= STRAGGLER_SHARE * straggler["ms"])) or [
+        straggler["origins"][0]["rank"]]
+    if len({r for _, r in by_step}) > 1:
+        steps = ", ".join(f"rank {r} in step {s}" for s, r in by_step[:TOP_ORIGINS + 1])
+        more = f", … {len(by_step) - TOP_ORIGINS - 1} more" if len(by_step) > TOP_ORIGINS + 1 \
+            else ""
+        return f"a different rank straggles in each step ({steps}{more})"
+    if len(ranks) > 1:
+        return f"ranks {', '.join(map(str, ranks))} are compute stragglers"
+    return f"rank {ranks[0]} is a compute straggler"
 
 
 def _impact_ms(finding: dict[str, object]) -> float:
