@@ -139,9 +139,10 @@ def diff_command(
     disappeared, shrank, grew or appeared, and the checks of --rules / --preset (docs/ci.md).
 
     With several runs per side (--before, --after, repeated) each change carries a confidence
-    interval and a p-value; a change inside the run-to-run noise fails nothing. Profiles that
-    cannot be runs of one job (another profiler, world size, no rank or group in common) are
-    refused (exit 2) unless --allow-different-jobs.
+    interval and a p-value; a change inside the run-to-run noise fails nothing.
+
+    Profiles that cannot be runs of one job (another profiler, world size, no rank or group in
+    common) are refused (exit 2) unless --allow-different-jobs.
     """
 
     sides = {"before": [*([before] if before else []), *(before_runs or [])],
