@@ -8,16 +8,19 @@ the members the earlier ones left. Members are read in place through `parsers.ar
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
 from parsers import formats
-from parsers.archive import ARCHIVE_SUFFIXES, Limits, Source, open_source
+from parsers.archive import ARCHIVE_SUFFIXES, HEAD_BYTES, Limits, Source, open_source
 from parsers.base import Format, Found, RankFiles, Sniff, TraceError, name_rank, require_exists
 from parsers.text import printable
 
 Sniffs = dict[str, dict[str, Sniff]]  # member -> format name -> what its first bytes said
+Kinds = dict[str, str]  # member no format takes -> what its first bytes are (`json_kind`)
+RANK_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")  # Kineto's own names for its traces
 
 
 class Bundle:
@@ -75,11 +78,13 @@ def open_bundle(path: str | Path, limits: Limits | None = None) -> Bundle:
     _check_input(path)
     source = open_source(path, limits or Limits())
     try:
-        sniffs = source.scan(_wanted, _sniff)
-        profiles, notes = discover(list(source.members), sniffs, path.resolve().name)
+        probes = source.scan(_wanted, _probe)
+        sniffs = {name: said for name, (said, _) in probes.items()}
+        kinds = {name: kind for name, (_, kind) in probes.items() if kind}
+        profiles, notes = discover(list(source.members), sniffs, path.resolve().name, kinds)
         profiles = split(profiles, MemberReader(source))
         if not profiles:
-            raise _nothing_found(path, source.warnings)
+            raise _nothing_found(path, [*source.warnings, *notes], kinds)
     except BaseException:
         source.close()
         raise
@@ -87,7 +92,10 @@ def open_bundle(path: str | Path, limits: Limits | None = None) -> Bundle:
     return Bundle(path, source, profiles)
 
 
-def _nothing_found(path: Path, warnings: list[str]) -> TraceError:
+def _nothing_found(path: Path, warnings: list[str], kinds: Kinds) -> TraceError:
+    """The error of a bundle without a profile: what the file is, for one named by itself."""
+    if path.is_file() and len(kinds) == 1 and not path.name.lower().endswith(ARCHIVE_SUFFIXES):
+        return TraceError(f"{path}: {next(iter(kinds.values()))}")
     families = list(dict.fromkeys(fmt.family for fmt in formats.FORMATS))
     kinds = " or ".join(families) if len(families) < 3 else (
         f"{', '.join(families[:-1])} or {families[-1]}")
@@ -127,15 +135,40 @@ def _wanted(name: str) -> bool:
     return bool(_readers(name))
 
 
-def _sniff(name: str, head: bytes) -> dict[str, Sniff]:
-    return {fmt.name: fmt.sniff(name, head) for fmt in _readers(name)}
+def _probe(name: str, head: bytes) -> tuple[dict[str, Sniff], str]:
+    """What each format's sniff says of a member, and what a JSON one is when none takes it."""
+    said = {fmt.name: fmt.sniff(name, head) for fmt in _readers(name)}
+    none = not any(s.profile for s in said.values())
+    return said, json_kind(head) if none and ".json" in name.lower() else ""
+
+
+def json_kind(head: bytes) -> str:
+    """What a JSON-named file that no format takes is, from its first bytes (all of it when
+    shorter than HEAD_BYTES): not JSON, or JSON but not a trace."""
+    text = head.lstrip(b"\xef\xbb\xbf \t\r\n")
+    if not text:
+        return "empty, not a trace"
+    if len(head) < HEAD_BYTES:
+        try:
+            json.loads(text)
+        except (ValueError, RecursionError) as error:
+            return f"not JSON ({str(error)[:80]})"
+    if text.startswith(b"{"):
+        return "JSON, but not a Kineto trace (no traceEvents)"
+    if text.startswith(b"["):
+        return ("a JSON array, but not a trace (Kineto writes an object with traceEvents, "
+                "Ascend an array of events with decimal-string ts)")
+    if len(head) < HEAD_BYTES:
+        return f"JSON {printable(text.rstrip()[:20].decode('utf-8', 'replace'))}, not a trace"
+    return f"not JSON (it begins {printable(repr(text[:20]))})"
 
 
 # -- discovery -----------------------------------------------------------------------------------
-def discover(names: list[str], sniffs: Sniffs,
-             label: str = "") -> tuple[list[RankFiles], list[str]]:
-    """The profiles among the member `names`, and notes (`label`: the bundle's folder name). A
-    profile's `root` is for messages: printable on one line, whatever bytes name the file."""
+def discover(names: list[str], sniffs: Sniffs, label: str = "",
+             kinds: Kinds | None = None) -> tuple[list[RankFiles], list[str]]:
+    """The profiles among the member `names`, and notes (`label`: the bundle's folder name;
+    `kinds`: what the JSON members no format takes are). A profile's `root` is for messages:
+    printable on one line, whatever bytes name the file."""
     notes: list[str] = []
     profiles: list[RankFiles] = []
     for fmt in formats.FORMATS:
@@ -143,7 +176,11 @@ def discover(names: list[str], sniffs: Sniffs,
         found, names = (fmt.find(names, seen, label, notes) if fmt.find else
                         _one_file_profiles(fmt, names, seen))
         profiles += found
-    for kind, ignored in _ignored(names).items():
+    unreadable = [name for name in names if _named_like_a_rank(name)]
+    notes += [f"{printable(name)}: named like a rank's profile but unreadable: "
+              f"{(kinds or {}).get(name, 'not a profile of any format read')}; left out"
+              for name in unreadable]
+    for kind, ignored in _ignored([n for n in names if n not in unreadable]).items():
         shown = ", ".join(ignored[:5]) + (", ..." if len(ignored) > 5 else "")
         notes.append(f"ignored {len(ignored)} {kind} file(s) that are not profiles: {shown}")
     profiles.sort(key=lambda p: (p.rank is None, p.rank or 0, p.root))
@@ -159,6 +196,13 @@ def split(profiles: list[RankFiles], read: MemberReader) -> list[RankFiles]:
         parts = fmt.split(profile, read) if fmt is not None and fmt.split else [profile]
         out += [replace(p, root=printable(p.root)) for p in parts]
     return sorted(out, key=lambda p: (p.rank is None, p.rank or 0, p.root))
+
+
+def _named_like_a_rank(name: str) -> bool:
+    """A one-file profile's name that says it is one: a rank's (`rank3.json`), Kineto's own."""
+    lower = name.lower()
+    return lower.endswith(_suffixes()) and (name_rank(name) is not None
+                                            or lower.endswith(RANK_SUFFIXES))
 
 
 def _ignored(names: list[str]) -> dict[str, list[str]]:

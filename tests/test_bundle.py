@@ -495,8 +495,41 @@ def test_single_file_bundle(tmp_path):
     assert summary(bundle) == [("kineto", "rank3.json", {"trace": "rank3.json"}, 3)]
     assert bundle.read("rank3.json") == (GLOO / "rank3.json").read_bytes()
     (tmp_path / "ground_truth.json").write_text("{}")
-    with pytest.raises(TraceError, match="no Ascend, Kineto or Nsight Systems profile found"):
+    with pytest.raises(TraceError, match="ground_truth.json: JSON, but not a Kineto trace"):
         open_bundle(tmp_path / "ground_truth.json")
+
+
+@pytest.mark.parametrize(("content", "said"), [
+    (b'{"a": 1}', "JSON, but not a Kineto trace (no traceEvents)"),
+    (b"[1, 2, 3]", "a JSON array, but not a trace (Kineto writes an object with traceEvents, "
+                   "Ascend an array of events with decimal-string ts)"),
+    (b"epoch,loss\n1,0.3\n", "not JSON (Expecting value: line 1 column 1 (char 0))"),
+    (b'{"traceEvents": [{"ph": "X", "na', None),  # a cut trace: for its parser to say
+])
+def test_a_json_named_by_itself_says_what_it_is(tmp_path, content, said):
+    for name, data in (("config.json", content), ("config.json.gz", gzip.compress(content))):
+        (tmp_path / name).write_bytes(data)
+        if said is None:
+            assert open_bundle(tmp_path / name).profiles[0].format == "kineto"
+            continue
+        with pytest.raises(TraceError) as error:
+            open_bundle(tmp_path / name)
+        assert str(error.value) == f"{tmp_path / name}: {said}"
+
+
+def test_a_rank_named_file_that_is_no_profile_is_named_as_unreadable(tmp_path):
+    folder = _gloo_copy(tmp_path / "job")
+    (folder / "rank3.json").write_text("not json at all")
+    (folder / "worker0.1712.pt.trace.json").write_text('{"step": 3}')
+    (folder / "config.json").write_text('{"a": 1}')  # not named like a profile: ignored
+    bundle = open_bundle(folder)
+    assert [p.rank for p in bundle.profiles] == [0, 1, 2]
+    assert bundle.warnings == [
+        "rank3.json: named like a rank's profile but unreadable: not JSON (Expecting value: "
+        "line 1 column 1 (char 0)); left out",
+        "worker0.1712.pt.trace.json: named like a rank's profile but unreadable: JSON, but not "
+        "a Kineto trace (no traceEvents); left out",
+        "ignored 1 JSON file(s) that are not profiles: config.json"]
 
 
 # -- fingerprints --------------------------------------------------------------------------------

@@ -66,6 +66,14 @@ def test_invalid_json_is_one_line_exit_2(tmp_path: Path, cache_dir: Path) -> Non
     assert "rank0.json" in run.stderr
 
 
+def test_a_json_that_is_no_trace_says_so_in_one_line(tmp_path: Path, cache_dir: Path) -> None:
+    config = tmp_path / "config.json"
+    config.write_text('{"a": 1}')
+    run = tracegraph("analyze", str(config), cache=cache_dir)
+    assert run.returncode == 2 and run.stdout == ""
+    assert run.stderr == f"error: {config}: JSON, but not a Kineto trace (no traceEvents)\n"
+
+
 def test_a_step_the_bundle_lacks_is_bad_input(cache_dir: Path) -> None:
     run = tracegraph("analyze", str(SAMPLES / "gloo_pp2_dp2"), "--step", "99", cache=cache_dir)
     assert run.returncode == 2

@@ -240,6 +240,17 @@ def test_a_reader_that_goes_away_is_one_error_line(args: list[str]) -> None:
         "error: standard output closed before everything was written (broken pipe)"]
 
 
+@pytest.mark.parametrize("command", [["analyze", str(RANK)], ["diff", str(RANK), str(RANK)],
+                                     ["whatif", str(RANK)], ["report", str(RANK)]])
+def test_a_reader_that_goes_away_with_stderr_on_its_pipe_is_exit_2(command: list[str]) -> None:
+    """`2>&1 | head`: the error line (or a usage error's: `report` without -o) has nowhere to
+    go; the exit code still says it."""
+    run = subprocess.Popen([sys.executable, "-m", "tracegraph", *command, "--no-cache"],
+                           cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    run.stdout.close()  # the reader gone before the first line, stderr's and stdout's alike
+    assert run.wait(timeout=300) == 2
+
+
 def test_outputs_named_in_bytes_that_are_no_utf8(tmp_path: Path) -> None:
     name = os.fsdecode(b"out\xff")
     run = tracegraph("export", str(RANK), "--parquet", str(tmp_path / name), "--no-cache")

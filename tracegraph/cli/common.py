@@ -31,6 +31,22 @@ def _broken_pipe() -> None:
     raise BrokenPipeError(errno.EPIPE, "Broken pipe")
 
 
+_RICH_BROKEN_PIPE = Console.on_broken_pipe
+
+
+def _stderr_gone(console: Console) -> None:
+    """Any console's reaction to a closed pipe: on stderr (where rich would exit 1, a usage
+    error's code lost) nothing more is said there, the command goes on (`2>&1 | head`: its
+    stdout fails next) and its exit code says the rest; on stdout rich's own (`out` and
+    `console()` make it an error)."""
+    if not console.stderr:
+        return _RICH_BROKEN_PIPE(console)
+    console.quiet = True
+    _silence(sys.stderr)
+    return None
+
+
+Console.on_broken_pipe = _stderr_gone  # type: ignore[method-assign]
 out = Console(markup=False)  # text from profiles ("[/x]" in an op name or a path) stays text:
 err = Console(stderr=True, markup=False)  # style with Text or style=, never with markup
 out.on_broken_pipe = _broken_pipe  # type: ignore[method-assign]
@@ -73,7 +89,7 @@ def resource_error(error: BaseException) -> str | None:
     """What to say of an error that is a resource running out, else None."""
     text = str(error)
     if isinstance(error, BrokenPipeError):
-        _silence_stdout()
+        _silence(sys.stdout)
         return "standard output closed before everything was written (broken pipe)"
     if isinstance(error, MemoryError) or (isinstance(error, ImportError) and (
             "failed to map segment" in text or "cannot allocate memory" in text.lower())):
@@ -102,8 +118,10 @@ def fit_output(width: int | None = None, quiet: bool = False) -> None:
 
 
 def console() -> Console:
-    """A console for rich markup on stdout, as wide as `out`."""
-    return Console(width=out.width)
+    """A console for rich markup on stdout, as wide as `out`, a closed pipe an error as there."""
+    markup = Console(width=out.width)
+    markup.on_broken_pipe = _broken_pipe  # type: ignore[method-assign]
+    return markup
 
 
 def inputs_exist(*paths: Path) -> None:
@@ -311,12 +329,12 @@ class _ClosedOutput(io.TextIOBase):
                          "printed; redirect it to a file or /dev/null")
 
 
-def _silence_stdout() -> None:
-    """Point stdout's descriptor at /dev/null: what is still buffered for a closed pipe is
-    dropped at exit instead of raising again."""
+def _silence(stream: Any) -> None:
+    """Point `stream`'s descriptor (stdout, stderr) at /dev/null: what is still buffered for a
+    closed pipe is dropped at exit instead of raising again."""
     try:
         null = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(null, sys.stdout.fileno())
+        os.dup2(null, stream.fileno())
         os.close(null)
     except (OSError, ValueError, AttributeError):
         pass

@@ -11,6 +11,7 @@ import json
 import math
 from collections.abc import Callable
 from dataclasses import replace
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, NamedTuple
 
@@ -60,6 +61,7 @@ from tracegraph.cli.options import (
 
 if TYPE_CHECKING:
     from tracegraph.analysis.analyze import Analysis
+    from tracegraph.verify.runs import Run
 
 EXIT_FAILED = 1
 CONFIDENCE = 0.95  # tracegraph.verify.diff.CONFIDENCE, not imported: it loads the analysis
@@ -79,6 +81,10 @@ Preset = Annotated[list[str] | None, typer.Option(
 AllowNotApplicable = Annotated[bool, typer.Option(
     "--allow-not-applicable",
     help="Exit 0 (with the warning) when every check is not applicable to the profile.")]
+AllowDifferentJobs = Annotated[bool, typer.Option(
+    "--allow-different-jobs",
+    help="Compare profiles that cannot be runs of one job (another profiler, world size, ranks "
+         "or groups) with a warning, instead of exit 2.")]
 
 
 def diff_command(
@@ -101,6 +107,7 @@ def diff_command(
     rules: Rules = None,
     preset: Preset = None,
     allow_not_applicable: AllowNotApplicable = False,
+    allow_different_jobs: AllowDifferentJobs = False,
     fail_on_regression: Annotated[str, typer.Option(
         help='Exit 1 when the step time is worse by more than this ("5%"; "off" never); with '
              'several runs per side, when its whole confidence interval is.')
@@ -133,6 +140,9 @@ def diff_command(
 
     With several runs per side (--before, --after, repeated) each change carries a confidence
     interval and a p-value; a change inside the run-to-run noise fails nothing.
+
+    Profiles that cannot be runs of one job (another profiler, world size, no rank or group in
+    common) are refused (exit 2) unless --allow-different-jobs.
     """
 
     sides = {"before": [*([before] if before else []), *(before_runs or [])],
@@ -146,7 +156,8 @@ def diff_command(
     outputs = Outputs(as_json, markdown, junit)
     friendly_errors(_diff)(sides, (rules, preset or []), gate, source, outputs,
                            html=html, top=top, min_chain_ms=min_chain_ms,
-                           allow_not_applicable=allow_not_applicable, predicted=predicted)
+                           allow_not_applicable=allow_not_applicable, predicted=predicted,
+                           allow_different_jobs=allow_different_jobs)
 
 
 def check_command(
@@ -235,22 +246,29 @@ class Gate(NamedTuple):
 
 
 class Profiled:
-    """One run of a diff: its bundle loaded, its numbers (cached beside the analysis), and its
-    analysis, read only when something needs it (checks, the HTML, a prediction) and let go
-    after the numbers and the checks: one run's analysis in memory at a time."""
+    """One run of a diff: its bundle loaded, its numbers (cached beside the analysis) when first
+    asked for, and its analysis, read only when something needs it (checks, the HTML, a
+    prediction) and let go after the numbers and the checks: one run's analysis in memory at a
+    time."""
 
     def __init__(self, path: Path, source: Source, client: object):
-        from tracegraph.cli.common import load_bundle, remember
-        from tracegraph.verify.runs import run_of
+        from tracegraph.cli.common import load_bundle
 
         self.source = source
         self.trace = load_bundle(path, source.cache_dir, source.no_cache, source.jobs,
                                  source.rank_map, client)
         self._analysis: Analysis | None = None
+
+    @cached_property
+    def run(self) -> Run:
+        from tracegraph.cli.common import remember
+        from tracegraph.verify.runs import run_of
+
+        source = self.source
         run = remember(self.trace, source.cache_dir, source.no_cache, "diff-run",
                        {"threshold_ms": source.threshold_ms}, lambda: run_of(self.analysis))
-        self.run = replace(run, source=printable(str(self.trace.source)))
         self._analysis = None
+        return replace(run, source=printable(str(self.trace.source)))
 
     def checked(self, rules: list) -> list:
         """The checks of `rules` on this run (its analysis let go after)."""
@@ -272,7 +290,8 @@ class Profiled:
 
 def _diff(sides: dict[str, list[Path]], spec: RuleSpec, gate: Gate, source: Source,
           outputs: Outputs, *, html: Path | None, top: int, min_chain_ms: float | None,
-          allow_not_applicable: bool, predicted: Path | None = None) -> None:
+          allow_not_applicable: bool, predicted: Path | None = None,
+          allow_different_jobs: bool = False) -> None:
     inputs_exist(*sides["before"], *sides["after"])
     from reports.junit import diff_junit
     from reports.markdown import diff_markdown
@@ -282,8 +301,10 @@ def _diff(sides: dict[str, list[Path]], spec: RuleSpec, gate: Gate, source: Sour
     with source.cluster() as client:
         runs = {side: [Profiled(path, source, client) for path in paths]
                 for side, paths in sides.items()}
+        different = _different_jobs([*runs["before"], *runs["after"]], allow_different_jobs)
         report = _compared(runs, rules, gate, top, min_chain_ms, allow_not_applicable,
                            predicted)
+        report["warnings"] = [*different, *report["warnings"]]
         if html:
             from reports.diff_html import write_diff_html
 
@@ -300,6 +321,23 @@ def _diff(sides: dict[str, list[Path]], spec: RuleSpec, gate: Gate, source: Sour
     _warn_nothing_verified(report)
     if not report["passed"]:
         raise typer.Exit(EXIT_FAILED)
+
+
+def _different_jobs(runs: list[Profiled], allow: bool) -> list[str]:
+    """A line for each run that cannot be of the job of the first (`verify.samejob`): the
+    warnings with --allow-different-jobs, else a TraceError (exit 2) on the first."""
+    from tracegraph.verify.samejob import differences
+
+    first, *others = runs
+    lines = []
+    for other in others:
+        if found := differences(first.trace, other.trace):
+            line = (f"{first.trace.source} and {other.trace.source} cannot be runs of the same "
+                    f"job: {'; '.join(found)}")
+            if not allow:
+                raise TraceError(f"{line} (--allow-different-jobs compares them anyway)")
+            lines.append(f"{line}; compared anyway (--allow-different-jobs)")
+    return lines
 
 
 def _compared(runs: dict[str, list[Profiled]], rules: list, gate: Gate, top: int,
