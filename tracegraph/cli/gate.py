@@ -345,10 +345,11 @@ def _compared(runs: dict[str, list[Profiled]], rules: list, gate: Gate, top: int
               ) -> dict[str, object]:
     """The diff report of two sides of runs, with their checks, BEFORE's prediction
     (`predicted`) against AFTER, and the verdict."""
-    from tracegraph.verify.diff import compare, regressed_beyond, representative
+    from tracegraph.verify.diff import UNCHANGED_PCT, compare, regressed_beyond, representative
 
+    band = UNCHANGED_PCT if gate.fail_pct is None else min(UNCHANGED_PCT, gate.fail_pct)
     report = compare([r.run for r in runs["before"]], [r.run for r in runs["after"]], top=top,
-                     min_chain_ms=min_chain_ms, confidence=gate.confidence)
+                     min_chain_ms=min_chain_ms, confidence=gate.confidence, unchanged_pct=band)
     report["checks"] = _checks(rules, runs)
     report |= _tally([c["after"] for c in report["checks"]], allow_not_applicable)
     report["fail_on_regression_pct"] = gate.fail_pct

@@ -38,8 +38,11 @@ Runs = Analysis | Run | Sequence[Analysis | Run]
 
 
 def compare(before: Runs, after: Runs, *, top: int = 5, min_chain_ms: float | None = None,
-            confidence: float = CONFIDENCE) -> dict[str, object]:
-    """The diff of two sides of runs (see the module docstring)."""
+            confidence: float = CONFIDENCE, unchanged_pct: float = UNCHANGED_PCT
+            ) -> dict[str, object]:
+    """The diff of two sides of runs (see the module docstring); a step-time change within
+    `unchanged_pct` is "unchanged" (a gate's threshold below UNCHANGED_PCT narrows it, so that
+    the verdict never calls unchanged what the gate fails)."""
     runs = {"before": _runs(before), "after": _runs(after)}
     counts = {side: [len(r.step_numbers) for r in found] for side, found in runs.items()}
     steps = min(min(c) for c in counts.values())
@@ -53,7 +56,7 @@ def compare(before: Runs, after: Runs, *, top: int = 5, min_chain_ms: float | No
         "noise": noise_note(old, new, confidence),
         "warnings": step_count_warnings(counts, steps),
         "step_time": change_dict(step),
-        "verdict": verdict(step),
+        "verdict": verdict(step, unchanged_pct),
         "ranks": _point_rows("rank", *(_rank_ms(side) for side in (old, new))),
         "bubbles": _change_rows("category", (old, new), "bubbles", confidence),
         "critical_path": _point_rows("kind", *(_means(side.sums("critical", "kind"))
