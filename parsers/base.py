@@ -25,7 +25,14 @@ _NAME_RANK = re.compile(r"(?:^|[^a-z0-9])(?:rank|worker)[-_]?(\d+)", re.I)
 
 
 class TraceError(Exception):
-    """Bad input that stops the analysis: the message names the file and what is wrong."""
+    """Bad input that stops the analysis: the message names the file and what is wrong. Raised
+    while one rank's profile is parsed, it leaves that rank out when another rank reads
+    (`tracegraph.loading.loader.readable`)."""
+
+
+class ShortOfResources(TraceError):
+    """The machine, not the profile, fell short (memory, temporary space): it stops the run
+    even where other ranks read, since the profile itself may be sound."""
 
 
 def require_exists(path: Path) -> None:
