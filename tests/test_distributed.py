@@ -247,3 +247,15 @@ def test_a_rank_that_does_not_read_is_left_out_on_the_cluster(tmp_path: Path, cl
     trace = load_on_cluster(_tar(bundle) if archive else bundle, client, use_cache=False)
     assert list(trace.ranks["rank"]) == [1] and len(trace.held) == 1
     assert any(MALFORMED in w and "is left out" in w for w in trace.warnings)
+
+
+def test_the_cluster_leaves_out_the_step_the_profile_cut(real: Path, client) -> None:
+    """HTA's MI250 trace, whose ProfilerStep#2 the profile's end cut (tests/test_cut_steps.py):
+    the same steps and warning as the local pass."""
+    bundle = real / "kineto/hta/amd_trace"
+    remote = analyze_on_cluster(load_on_cluster(bundle, client, use_cache=False))
+    local = analyze(tracegraph.load(bundle, use_cache=False))
+    assert list(remote.step_table()["step"]) == [1]
+    assert remote.step_table().equals(local.step_table())
+    assert [w for w in remote.warnings if "cut short" in w] == [
+        w for w in local.warnings if "cut short" in w] != []

@@ -15,6 +15,7 @@ from tracegraph import schema
 from tracegraph.analysis.blame import Blamer, Bubble, pipelined_job
 from tracegraph.analysis.bubbles import SAMPLED, find_bubbles
 from tracegraph.analysis.critical_path import PathSegment, critical_path, step_windows_of_slowest
+from tracegraph.analysis.cut_steps import cut_warnings, without_cut_steps
 from tracegraph.analysis.peers import Peers, find_peers
 from tracegraph.analysis.step_stragglers import COLUMNS as STEP_COLUMNS
 from tracegraph.analysis.step_stragglers import by_step
@@ -30,7 +31,6 @@ from tracegraph.loading.trace import Trace
 from tracegraph.progress import Progress
 
 T = TypeVar("T")
-DEVICE_WORK = (schema.COMPUTE, schema.MEMCPY, schema.COLLECTIVE, schema.P2P)
 PROGRESS_EVENTS = 1_000_000  # analyses of more events than this show a progress bar
 NS_PER_MS = 1e6
 
@@ -170,7 +170,8 @@ def analyze(trace: Trace, *, threshold_ms: float = 1.0, executor: Executor | Non
         graph = build_graph(ops, matches, ops.start - shift, ops.end - shift, trace.groups)
         graph.incomplete = trace.incomplete_ranks()
         hand_back()
-        steps = with_launched_work(step_windows(trace.events, offsets), graph)
+        windows = step_windows(trace.events, offsets)
+        steps = without_cut_steps(with_launched_work(windows, graph), graph)
         bar.advance()
         walk = BindingWalk(graph)
         profiled = profiled_ns(steps, graph.start, graph.end)
@@ -189,7 +190,8 @@ def analyze(trace: Trace, *, threshold_ms: float = 1.0, executor: Executor | Non
     return Analysis(trace=trace, ops=ops, matches=matches, graph=graph, offsets=offsets,
                     start=graph.start, end=graph.end, steps=steps, bubbles=bubbles,
                     critical_paths=paths, slow_ranks=slow, peers=peers, slow_op=slow_op,
-                    warnings=graph.warnings + graph.cycle_warnings() + unstepped(steps, len(graph)),
+                    warnings=[*graph.warnings, *graph.cycle_warnings(),
+                              *unstepped(steps, len(graph)), *cut_warnings(windows, steps)],
                     threshold_ms=threshold_ms,
                     step_stragglers=per_step)
 
@@ -243,7 +245,8 @@ def _unseen_work_end(graph: DepGraph, rank: int) -> int:
     if not len(known):
         return -1
     first = known[0]  # a lane's ops are in time order
-    unseen = np.isin(graph.kind[mine][:first], DEVICE_WORK) & (graph.launch[mine][:first] < 0)
+    unseen = (np.isin(graph.kind[mine][:first], schema.DEVICE_WORK)
+              & (graph.launch[mine][:first] < 0))
     ends = graph.end[mine][:first][unseen]
     return min(int(ends.max()), int(graph.start[mine][first])) if len(ends) else -1
 
