@@ -12,8 +12,8 @@ import numpy as np
 import pandas as pd
 
 from tracegraph import schema
-from tracegraph.analysis.blame import Blamer, Bubble, pipelined_job
-from tracegraph.analysis.bubbles import SAMPLED, find_bubbles
+from tracegraph.analysis.blame import Blamer, Bubble, pipelined_job, sureness_level
+from tracegraph.analysis.bubbles import SAMPLED, find_bubbles, sureness
 from tracegraph.analysis.critical_path import PathSegment, critical_path, step_windows_of_slowest
 from tracegraph.analysis.cut_steps import cut_warnings, without_cut_steps
 from tracegraph.analysis.peers import Peers, find_peers
@@ -33,6 +33,7 @@ from tracegraph.progress import Progress
 T = TypeVar("T")
 PROGRESS_EVENTS = 1_000_000  # analyses of more events than this show a progress bar
 NS_PER_MS = 1e6
+OWN_STRAGGLING = (1.0, "its own ops against its peers' median")  # measured, not matched
 
 
 @dataclass
@@ -122,6 +123,15 @@ class Analysis:
         collective member that arrived last) let it go, as the binding walk times it, else its
         start: what a comm op runs after it is its transfer (walk.RAN)."""
         return release_times(self.graph)
+
+    def straggling_sureness(self, rank: int) -> tuple[str, str]:
+        """How sure a rank's own straggling compute on a step's critical path is, and why: its
+        ops measured against its peers' median, capped as a bubble's chain is
+        (`bubbles.sureness`) where collectives refused order matching (the path ran through
+        matches that are not trusted) or where the rank's profile misses events."""
+        confidence, why = sureness(OWN_STRAGGLING, self.sampled, self.trace.incomplete_ranks(),
+                                   rank, [])
+        return sureness_level(confidence), why
 
     def blame(self, step: int | None = None) -> dict[str, float]:
         """ms of bubble charged to each category (all steps, or one)."""
