@@ -30,9 +30,17 @@ class TraceError(Exception):
     (`tracegraph.loading.loader.readable`)."""
 
 
-class ShortOfResources(TraceError):
-    """The machine, not the profile, fell short (memory, temporary space): it stops the run
-    even where other ranks read, since the profile itself may be sound."""
+class StopsTheRun(TraceError):
+    """An error in one rank's profile that stops the run even where other ranks read: the
+    profile may be sound, but the run cannot go on as asked."""
+
+
+class ShortOfResources(StopsTheRun):
+    """The machine, not the profile, fell short (memory, temporary space)."""
+
+
+class NoRankId(StopsTheRun):
+    """The profile states no rank id: the user gives it (--rank-map)."""
 
 
 def require_exists(path: Path) -> None:

@@ -35,7 +35,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from parsers.base import Format, GroupInfo, ParsedRank, RankFiles, Reader, Sniff, TraceError
+from parsers.base import (
+    Format,
+    GroupInfo,
+    NoRankId,
+    ParsedRank,
+    RankFiles,
+    Reader,
+    Sniff,
+    TraceError,
+)
 from parsers.classify import P2P_COMMS, comm_kind, comm_type
 from parsers.groups import Members, global_peers, own_groups
 from parsers.intervals import cover
@@ -954,7 +963,7 @@ def parse(files: RankFiles, read: Reader) -> ParsedRank:
                         "name); taken as rank 0 (--rank-map sets it)")
         rank = 0
     if rank is None:
-        raise TraceError(f"{files.root}: no rank id (no distributedInfo.rank, none in the file "
+        raise NoRankId(f"{files.root}: no rank id (no distributedInfo.rank, none in the file "
                          f"name); pass --rank-map")
     base_ns = _clock_base(trace.baseTimeNanoseconds, files.root)
     pg_config = info.get("pg_config") if isinstance(info.get("pg_config"), list) else []

@@ -27,7 +27,15 @@ import pandas as pd
 import pyarrow as pa
 
 from parsers import parse_rank
-from parsers.base import GroupInfo, ParsedRank, RankFiles, ShortOfResources, TraceError, local_path
+from parsers.base import (
+    GroupInfo,
+    ParsedRank,
+    RankFiles,
+    ShortOfResources,
+    StopsTheRun,
+    TraceError,
+    local_path,
+)
 from parsers.bundle import Bundle, open_bundle
 from parsers.text import printable
 from tracegraph import schema
@@ -112,11 +120,11 @@ Outcome = ParsedRank | Dropped
 
 
 def attempt(parse: Callable[..., ParsedRank], *args: object) -> Outcome:
-    """`parse(*args)`, or what its TraceError said when the profile does not read (what the machine
-    lacked, `ShortOfResources`, still stops the run)."""
+    """`parse(*args)`, or what its TraceError said when the profile does not read (`StopsTheRun`:
+    what the machine lacked, a rank id to give, still stops the run)."""
     try:
         return parse(*args)
-    except ShortOfResources:
+    except StopsTheRun:
         raise
     except TraceError as error:
         return Dropped(str(error))
