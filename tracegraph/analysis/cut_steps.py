@@ -11,13 +11,13 @@ from tracegraph import schema
 from tracegraph.graph.depgraph import DepGraph
 
 SHORT = 0.5  # a last step under this share of the rank's other steps' median is suspect ...
-NEAR_END = 0.1  # ... and cut when it ends within this share of that median of the profile's end
+NEAR_END = 0.1  # ... and, on a host-only rank, cut when it ends this close to its last op
 
 
 def without_cut_steps(steps: pd.DataFrame, graph: DepGraph) -> pd.DataFrame:
     """`steps` (rank, step, start, end on the aligned clock) less each rank's last step where
-    the profile cut it: much shorter than the rank's other steps, and either no device work of
-    the rank starts after it does or it ends at the rank's last op."""
+    the profile cut it: much shorter than the rank's other steps, and no device work of the
+    rank starts after it does (a rank without device work: it ends at the rank's last op)."""
     cut = np.zeros(len(steps), dtype=bool)
     for rank, rows in steps.groupby("rank").indices.items():
         if len(rows) < 2:
@@ -30,9 +30,11 @@ def without_cut_steps(steps: pd.DataFrame, graph: DepGraph) -> pd.DataFrame:
             continue
         mine = graph.rank == rank
         start, end = int(steps["start"].iat[last]), int(steps["end"].iat[last])
-        worked = (mine & np.isin(graph.kind, schema.DEVICE_WORK) & (graph.start >= start)).any()
-        at_end = int(graph.end[mine].max(initial=end)) - end <= NEAR_END * usual
-        cut[last] = not worked or at_end
+        device = mine & np.isin(graph.kind, schema.DEVICE_WORK)
+        if device.any():  # the device ran nothing of it
+            cut[last] = not (device & (graph.start >= start)).any()
+        else:  # a host-only rank: it ends at the rank's last op
+            cut[last] = int(graph.end[mine].max(initial=end)) - end <= NEAR_END * usual
     return steps[~cut].reset_index(drop=True)
 
 
