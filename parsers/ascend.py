@@ -84,10 +84,10 @@ def parse(files: RankFiles, read: Reader) -> ParsedRank:
     roles = sorted((r for r in files.files if r == "trace" or r.startswith("trace.")),
                    key=lambda r: int(r.partition(".")[2] or 0))
     ctx = Context(rank, files.files[roles[0]] if roles else files.root, side, warnings)
-    rows, device_pid = Rows(), None
+    rows, device_pid, cut = Rows(), None, []
     if roles:
         device_pid = _trace_rows(read_timeline([files.files[role] for role in roles], read,
-                                               warnings), ctx, rows)
+                                               warnings, cut), ctx, rows)
     elif "kernels" in files.files:
         rows.add(kernel_frame(files.files["kernels"], read, ctx))
     if side.ops and not rows.kinds & {COLLECTIVE, P2P}:
@@ -103,10 +103,11 @@ def parse(files: RankFiles, read: Reader) -> ParsedRank:
     gaps = _span_gaps(marks, side.stages_us, files.files.get("kernels", files.root))
     warnings += [f"{gap}: the table is incomplete, step times and stragglers read from it are "
                  "not reliable" for gap in gaps]
+    incomplete = gaps + cut  # a truncated timeline lost the events after its cut
     rows.add(marks)
     found = meta(files, side, _pid_device(device_pid), layers=ctx.layers)
     return ParsedRank(rank=rank, events=rows.table(rank), groups=groups(side, rows.grouped()),
-                      meta=found | ({"incomplete": "; ".join(gaps)} if gaps else {}),
+                      meta=found | ({"incomplete": "; ".join(incomplete)} if incomplete else {}),
                       warnings=warnings, memory=ascend_memory.memory(files, read, rank, warnings))
 
 

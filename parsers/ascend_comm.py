@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 
-from parsers.base import GroupInfo, RankFiles, Reader, TraceError
+from parsers.base import GroupInfo, NoRankId, RankFiles, Reader, TraceError
 from parsers.classify import double_hash
 from parsers.values import rank_id
 from tracegraph.schema import NO_INT
@@ -148,7 +148,7 @@ def resolve_rank(files: RankFiles, info: dict[str, Any], warnings: list[str],
                         "taken as rank 0 (--rank-map sets it)")
         return 0
     if stated is None:
-        raise TraceError(f"{files.files.get('info', files.root)}: no rank id "
+        raise NoRankId(f"{files.files.get('info', files.root)}: no rank id "
                          "(no profiler_info_{rank}.json name and no valid rank_id)")
     return stated
 

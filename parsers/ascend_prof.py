@@ -51,7 +51,17 @@ from parsers.ascend_rows import (
     texts,
     thread_lane,
 )
-from parsers.base import Format, Found, GroupInfo, ParsedRank, RankFiles, Reader, Sniff, TraceError
+from parsers.base import (
+    Format,
+    Found,
+    GroupInfo,
+    NoRankId,
+    ParsedRank,
+    RankFiles,
+    Reader,
+    Sniff,
+    TraceError,
+)
 from parsers.classify import comm_kind, comm_type
 from parsers.values import ints, micros_to_ns, rank_id, to_int
 from tracegraph.schema import COMM, COMM_TASK, HOST, MARKER, NO_INT, STREAM
@@ -417,7 +427,7 @@ def _rank(files: RankFiles, info: dict, warnings: list[str]) -> int:
     named = files.files.get("info", posixpath.basename(files.root).replace("_", "."))
     device = rank_id(named.rpartition(".")[2])
     if device is None:
-        raise TraceError(f"{files.root}: no rank id (no info.json rank_id); pass --rank-map")
+        raise NoRankId(f"{files.root}: no rank id (no info.json rank_id); pass --rank-map")
     warnings.append(f"{files.root}: info.json states no rank_id; taken as rank {device}, its "
                     "device id (--rank-map sets it)")
     return device

@@ -118,18 +118,24 @@ _NS_LIMIT = "9" + "0" * 18  # the ns of 9e15 µs, as 19 digits: decimal_micros_t
 # --- reading ---------------------------------------------------------------------------------
 
 
-def read_timeline(members: list[str], read: Reader, warnings: list[str]) -> Timeline:
-    """The complete events and metadata of the trace files `members`, in order."""
+def read_timeline(members: list[str], read: Reader, warnings: list[str],
+                  cut: list[str] | None = None) -> Timeline:
+    """The complete events and metadata of the trace files `members`, in order; what each
+    truncated one lost is said in `warnings`, and in `cut` too where given."""
     timeline = Timeline()
+    said: list[str] = []
     for member in members:
         mark = timeline.mark()
         try:
-            _add_file(timeline, member, read, warnings)
+            _add_file(timeline, member, read, said)
         except Whole:
             timeline.rollback(mark)
-            events = decode_trace(member, read(member), warnings)
+            events = decode_trace(member, read(member), said)
             for lo in range(0, len(events), WHOLE_BATCH):
                 timeline.add(events[lo: lo + WHOLE_BATCH])
+    warnings += said
+    if cut is not None:
+        cut += said
     timeline.finish()
     return timeline
 

@@ -25,7 +25,22 @@ _NAME_RANK = re.compile(r"(?:^|[^a-z0-9])(?:rank|worker)[-_]?(\d+)", re.I)
 
 
 class TraceError(Exception):
-    """Bad input that stops the analysis: the message names the file and what is wrong."""
+    """Bad input that stops the analysis: the message names the file and what is wrong. Raised
+    while one rank's profile is parsed, it leaves that rank out when another rank reads
+    (`tracegraph.loading.loader.readable`)."""
+
+
+class StopsTheRun(TraceError):
+    """An error in one rank's profile that stops the run even where other ranks read: the
+    profile may be sound, but the run cannot go on as asked."""
+
+
+class ShortOfResources(StopsTheRun):
+    """The machine, not the profile, fell short (memory, temporary space)."""
+
+
+class NoRankId(StopsTheRun):
+    """The profile states no rank id: the user gives it (--rank-map)."""
 
 
 def require_exists(path: Path) -> None:

@@ -35,7 +35,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from parsers.base import Format, GroupInfo, ParsedRank, RankFiles, Reader, Sniff, TraceError
+from parsers.base import (
+    Format,
+    GroupInfo,
+    NoRankId,
+    ParsedRank,
+    RankFiles,
+    Reader,
+    Sniff,
+    TraceError,
+)
 from parsers.classify import P2P_COMMS, comm_kind, comm_type
 from parsers.groups import Members, global_peers, own_groups
 from parsers.intervals import cover
@@ -176,8 +185,9 @@ def _per_phase(data: bytes, tagged: msgspec.json.Decoder, plain: msgspec.json.De
         return plain.decode(data)
 
 
-def _decode(raw: bytes, root: str) -> tuple[_Trace, Iterator[list], list[str]]:
-    """The trace's other fields, its events in batches, and warnings. A well-formed trace is
+def _decode(raw: bytes, root: str) -> tuple[_Trace, Iterator[list], str]:
+    """The trace's other fields, its events in batches, and what a cut cost ("" for a whole
+    file). A well-formed trace is
     decoded a batch at a time (its events first split as raw JSON: ~50 bytes each), so a rank
     never holds all its events decoded at once; anything else is decoded whole
     (`_decode_whole`: a truncated file keeps its complete events)."""
@@ -188,11 +198,11 @@ def _decode(raw: bytes, root: str) -> tuple[_Trace, Iterator[list], list[str]]:
     except (msgspec.DecodeError, RecursionError):  # damaged: said below
         doc = None
     if doc is None or doc.traceEvents is None:
-        trace, warnings = _decode_whole(raw, root)
+        trace, cut = _decode_whole(raw, root)
         events, trace.traceEvents = trace.traceEvents or [], None  # held by the batch alone
-        return trace, iter([events]), warnings
+        return trace, iter([events]), cut
     items, doc.traceEvents = doc.traceEvents, None
-    return doc, _batches(items, raw, root), []
+    return doc, _batches(items, raw, root), ""
 
 
 def _batches(items: list[msgspec.Raw], raw: bytes, root: str) -> Iterator[list]:
@@ -213,10 +223,11 @@ def _batches(items: list[msgspec.Raw], raw: bytes, root: str) -> Iterator[list]:
 _RECOVERY_TRIES = 8
 
 
-def _decode_whole(raw: bytes, root: str) -> tuple[_Trace, list[str]]:
-    """The decoded trace plus warnings; a truncated file keeps its complete events."""
+def _decode_whole(raw: bytes, root: str) -> tuple[_Trace, str]:
+    """The decoded trace, and what a cut cost ("" for a whole file): a truncated file keeps
+    its complete events."""
     try:
-        trace, warnings = _decode_doc(raw), []
+        trace, cut = _decode_doc(raw), ""
     except RecursionError:
         raise TraceError(f"{root}: JSON nested too deeply to read") from None
     except msgspec.ValidationError as exc:
@@ -224,16 +235,16 @@ def _decode_whole(raw: bytes, root: str) -> tuple[_Trace, list[str]]:
     except msgspec.DecodeError as exc:
         if "truncated" not in str(exc):
             raise TraceError(f"{root}: invalid JSON ({exc})") from None
-        trace, warnings = None, []
+        trace = None
     if trace is None:
-        trace, warnings = _recover(raw, root)
+        trace, cut = _recover(raw, root)
     if trace.traceEvents is None:
         raise TraceError(f"{root}: no traceEvents array (not a Kineto trace)")
-    return trace, warnings
+    return trace, cut
 
 
-def _recover(raw: bytes, root: str) -> tuple[_Trace, list[str]]:
-    """Cut a truncated trace at its last complete event and close the array."""
+def _recover(raw: bytes, root: str) -> tuple[_Trace, str]:
+    """Cut a truncated trace at its last complete event and close the array; and say so."""
     start = raw.find(b'"traceEvents"')
     end = raw.rfind(b"},", start) if start >= 0 else -1
     for _ in range(_RECOVERY_TRIES):
@@ -245,8 +256,8 @@ def _recover(raw: bytes, root: str) -> tuple[_Trace, list[str]]:
             end = raw.rfind(b"},", start, end)
             continue
         kept = len(trace.traceEvents or ())
-        return trace, [f"{root}: truncated JSON, kept the {kept} complete events "
-                       f"(first {end + 1} of {len(raw)} bytes)"]
+        return trace, (f"{root}: truncated JSON, kept the {kept} complete events "
+                       f"(first {end + 1} of {len(raw)} bytes)")
     raise TraceError(f"{root}: truncated JSON, no complete event in traceEvents")
 
 
@@ -940,7 +951,8 @@ def _meta(trace: _Trace, info: dict, root: str, base_ns: int, rows: int) -> dict
 # --- entry point -----------------------------------------------------------------------------
 def parse(files: RankFiles, read: Reader) -> ParsedRank:
     """One rank's Kineto trace -> normalized events, groups and meta."""
-    trace, batches, warnings = _decode(read(files.files["trace"]), files.root)
+    trace, batches, cut = _decode(read(files.files["trace"]), files.root)
+    warnings = [cut] if cut else []
     info = trace.distributedInfo if isinstance(trace.distributedInfo, dict) else {}
     rank = _rank_of(info)
     damaged = {f"distributedInfo.rank {info['rank']!r:.40} (no rank id)": 1} if (
@@ -951,7 +963,7 @@ def parse(files: RankFiles, read: Reader) -> ParsedRank:
                         "name); taken as rank 0 (--rank-map sets it)")
         rank = 0
     if rank is None:
-        raise TraceError(f"{files.root}: no rank id (no distributedInfo.rank, none in the file "
+        raise NoRankId(f"{files.root}: no rank id (no distributedInfo.rank, none in the file "
                          f"name); pass --rank-map")
     base_ns = _clock_base(trace.baseTimeNanoseconds, files.root)
     pg_config = info.get("pg_config") if isinstance(info.get("pg_config"), list) else []
@@ -985,6 +997,8 @@ def parse(files: RankFiles, read: Reader) -> ParsedRank:
     r.release()
     meta = _meta(trace, info, files.root, base_ns, r.n) | _cross_rank_meta(r, executed)
     meta["device_memory"] = _device_memory(trace, r, memory)
+    if cut:  # the events after the cut are lost: its waits' releasers among them
+        meta["incomplete"] = cut
     return ParsedRank(rank=rank, events=_table(r, rank, names, workers), groups=groups,
                       meta=meta, warnings=warnings + r.warnings, memory=memory,
                       damaged=damaged | r.damaged)

@@ -54,6 +54,7 @@ from parsers.base import (
     Format,
     Found,
     GroupInfo,
+    NoRankId,
     ParsedRank,
     RankFiles,
     Reader,
@@ -708,7 +709,7 @@ def _rank(files: RankFiles, db: Database, pid: int, warnings: list[str]) -> int:
     if files.rank is not None:
         return files.rank
     if any(role.startswith(PROCESS_ROLE) for role in files.files):
-        raise TraceError(f"{files.root}: no rank stated (no RANK / LOCAL_RANK, no NCCL "
+        raise NoRankId(f"{files.root}: no rank stated (no RANK / LOCAL_RANK, no NCCL "
                          "communicator); pass --rank-map")
     warnings.append(f"{files.root}: no rank stated (no RANK / LOCAL_RANK, no NCCL communicator, "
                     "none in the file name); taken as rank 0 (--rank-map sets it)")

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from parsers.base import Reader, TraceError, local_path
+from parsers.base import Reader, ShortOfResources, TraceError, local_path
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
@@ -108,8 +108,8 @@ def _private_copy(data: bytes, where: str) -> Iterator[Path]:
     with tempfile.TemporaryDirectory(prefix="tracegraph-db-") as folder:
         free = shutil.disk_usage(folder).free
         if len(data) > free:
-            raise TraceError(f"{where}: {len(data) >> 20} MiB database, only {free >> 20} MiB "
-                             f"free in the temporary folder {folder}")
+            raise ShortOfResources(f"{where}: {len(data) >> 20} MiB database, only "
+                                   f"{free >> 20} MiB free in the temporary folder {folder}")
         copy = Path(folder) / "profile.db"
         fd = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "wb") as file:

@@ -107,6 +107,11 @@ def test_bytes_before_communication_json(tmp_path: Path, prefix: bytes) -> None:
     bundle = _copy(DDP8, tmp_path)
     comm = bundle / "rank0_ascend_pt" / "ASCEND_PROFILER_OUTPUT" / "communication.json"
     comm.write_bytes(prefix + comm.read_bytes())
+    trace = _load(bundle)  # rank 0 left out, said; rank 1 read (tests/test_unreadable_rank.py)
+    assert list(trace.ranks["rank"]) == [1]
+    assert any(w.startswith("rank0_ascend_pt/ASCEND_PROFILER_OUTPUT/communication.json: invalid "
+                            "JSON") and "rank0_ascend_pt is left out" in w for w in trace.warnings)
+    shutil.rmtree(bundle / "rank1_ascend_pt")  # no other rank: the error
     with pytest.raises(TraceError, match=r"^rank0_ascend_pt/ASCEND_PROFILER_OUTPUT/"
                                          r"communication\.json: invalid JSON"):
         _load(bundle)

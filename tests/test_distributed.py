@@ -234,3 +234,28 @@ def test_workers_keep_the_rank_cache(real: Path, client, tmp_path: Path) -> None
     again = load_on_cluster(bundle, client, cache_dir=tmp_path)
     assert again.events.equals(first.events) and again.events.equals(local.events)
     assert again.fingerprint == first.fingerprint == local.fingerprint
+
+
+@pytest.mark.parametrize("archive", [False, True])
+def test_a_rank_that_does_not_read_is_left_out_on_the_cluster(tmp_path: Path, client,
+                                                              archive: bool) -> None:
+    """As in a local load (tests/test_unreadable_rank.py): the malformed database's rank is
+    left out with its warning, the other rank held on the cluster."""
+    from tests.test_unreadable_rank import MALFORMED, _damaged_db, _tar
+
+    bundle = _damaged_db(tmp_path)
+    trace = load_on_cluster(_tar(bundle) if archive else bundle, client, use_cache=False)
+    assert list(trace.ranks["rank"]) == [1] and len(trace.held) == 1
+    assert any(MALFORMED in w and "is left out" in w for w in trace.warnings)
+
+
+def test_the_cluster_leaves_out_the_step_the_profile_cut(real: Path, client) -> None:
+    """HTA's MI250 trace, whose ProfilerStep#2 the profile's end cut (tests/test_cut_steps.py):
+    the same steps and warning as the local pass."""
+    bundle = real / "kineto/hta/amd_trace"
+    remote = analyze_on_cluster(load_on_cluster(bundle, client, use_cache=False))
+    local = analyze(tracegraph.load(bundle, use_cache=False))
+    assert list(remote.step_table()["step"]) == [1]
+    assert remote.step_table().equals(local.step_table())
+    assert [w for w in remote.warnings if "cut short" in w] == [
+        w for w in local.warnings if "cut short" in w] != []

@@ -29,6 +29,7 @@ COMM_TASK = "comm_task"  # HCCL small tasks (Notify_Wait, Memcpy, ...) inside a 
 HOST = "host"  # CPU-side ops, runtime API calls
 MARKER = "marker"  # user annotations, ProfilerStep#N, FWD/BWD ranges
 KINDS = (COMPUTE, WAIT, RECORD, COLLECTIVE, P2P, MEMCPY, COMM_TASK, HOST, MARKER)
+DEVICE_WORK = (COMPUTE, MEMCPY, COLLECTIVE, P2P)  # the kinds that run on a device
 
 # --- lane kinds ------------------------------------------------------------------------------
 STREAM = "stream"  # a device stream (Ascend "Stream N", CUDA stream N)

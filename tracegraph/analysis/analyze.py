@@ -12,9 +12,10 @@ import numpy as np
 import pandas as pd
 
 from tracegraph import schema
-from tracegraph.analysis.blame import Blamer, Bubble, pipelined_job
-from tracegraph.analysis.bubbles import SAMPLED, find_bubbles
+from tracegraph.analysis.blame import Blamer, Bubble, pipelined_job, sureness_level
+from tracegraph.analysis.bubbles import SAMPLED, find_bubbles, sureness
 from tracegraph.analysis.critical_path import PathSegment, critical_path, step_windows_of_slowest
+from tracegraph.analysis.cut_steps import cut_warnings, without_cut_steps
 from tracegraph.analysis.peers import Peers, find_peers
 from tracegraph.analysis.step_stragglers import COLUMNS as STEP_COLUMNS
 from tracegraph.analysis.step_stragglers import by_step
@@ -30,9 +31,9 @@ from tracegraph.loading.trace import Trace
 from tracegraph.progress import Progress
 
 T = TypeVar("T")
-DEVICE_WORK = (schema.COMPUTE, schema.MEMCPY, schema.COLLECTIVE, schema.P2P)
 PROGRESS_EVENTS = 1_000_000  # analyses of more events than this show a progress bar
 NS_PER_MS = 1e6
+OWN_STRAGGLING = (1.0, "its own ops against its peers' median")  # measured, not matched
 
 
 @dataclass
@@ -123,6 +124,15 @@ class Analysis:
         start: what a comm op runs after it is its transfer (walk.RAN)."""
         return release_times(self.graph)
 
+    def straggling_sureness(self, rank: int) -> tuple[str, str]:
+        """How sure a rank's own straggling compute on a step's critical path is, and why: its
+        ops measured against its peers' median, capped as a bubble's chain is
+        (`bubbles.sureness`) where collectives refused order matching (the path ran through
+        matches that are not trusted) or where the rank's profile misses events."""
+        confidence, why = sureness(OWN_STRAGGLING, self.sampled, self.trace.incomplete_ranks(),
+                                   rank, [])
+        return sureness_level(confidence), why
+
     def blame(self, step: int | None = None) -> dict[str, float]:
         """ms of bubble charged to each category (all steps, or one)."""
         totals: dict[str, float] = {}
@@ -170,7 +180,8 @@ def analyze(trace: Trace, *, threshold_ms: float = 1.0, executor: Executor | Non
         graph = build_graph(ops, matches, ops.start - shift, ops.end - shift, trace.groups)
         graph.incomplete = trace.incomplete_ranks()
         hand_back()
-        steps = with_launched_work(step_windows(trace.events, offsets), graph)
+        windows = step_windows(trace.events, offsets)
+        steps = without_cut_steps(with_launched_work(windows, graph), graph)
         bar.advance()
         walk = BindingWalk(graph)
         profiled = profiled_ns(steps, graph.start, graph.end)
@@ -189,7 +200,8 @@ def analyze(trace: Trace, *, threshold_ms: float = 1.0, executor: Executor | Non
     return Analysis(trace=trace, ops=ops, matches=matches, graph=graph, offsets=offsets,
                     start=graph.start, end=graph.end, steps=steps, bubbles=bubbles,
                     critical_paths=paths, slow_ranks=slow, peers=peers, slow_op=slow_op,
-                    warnings=graph.warnings + graph.cycle_warnings() + unstepped(steps, len(graph)),
+                    warnings=[*graph.warnings, *graph.cycle_warnings(),
+                              *unstepped(steps, len(graph)), *cut_warnings(windows, steps)],
                     threshold_ms=threshold_ms,
                     step_stragglers=per_step)
 
@@ -243,7 +255,8 @@ def _unseen_work_end(graph: DepGraph, rank: int) -> int:
     if not len(known):
         return -1
     first = known[0]  # a lane's ops are in time order
-    unseen = np.isin(graph.kind[mine][:first], DEVICE_WORK) & (graph.launch[mine][:first] < 0)
+    unseen = (np.isin(graph.kind[mine][:first], schema.DEVICE_WORK)
+              & (graph.launch[mine][:first] < 0))
     ends = graph.end[mine][:first][unseen]
     return min(int(ends.max()), int(graph.start[mine][first])) if len(ends) else -1
 

@@ -79,8 +79,7 @@ class Bubble:
     def sureness(self) -> str:
         """high (links matched by ids or sequence numbers), medium (by order or timing rule)
         or low (inferred by time, or a peer's op not found)."""
-        return "high" if self.confidence >= 0.95 else "medium" if self.confidence >= 0.85 \
-            else "low"
+        return sureness_level(self.confidence)
 
     @property
     def category(self) -> str:
@@ -124,6 +123,11 @@ class Bubble:
             if piece.start >= back_to and piece.rank not in ranks:
                 ranks.append(piece.rank)
         return ranks
+
+
+def sureness_level(confidence: float) -> str:
+    """high, medium or low: what a confidence says (`Bubble.sureness`)."""
+    return "high" if confidence >= 0.95 else "medium" if confidence >= 0.85 else "low"
 
 
 @dataclass

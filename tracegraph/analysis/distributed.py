@@ -64,6 +64,7 @@ from tracegraph.analysis.critical_path import (
     step_windows_of_slowest,
     with_tail,
 )
+from tracegraph.analysis.cut_steps import cut_warnings, without_cut_steps
 from tracegraph.analysis.peers import Peers, op_mix, peers_of
 from tracegraph.analysis.step_stragglers import (
     step_slow_mask,
@@ -109,7 +110,7 @@ def analyze_on_cluster(trace: ClusterTrace, *, threshold_ms: float = 1.0) -> Ana
     client = trace.client
     parts = _Parts(client, trace)
     comm, cross, offsets = parts.connect(trace)
-    steps = parts.steps(offsets)
+    steps, cut = parts.steps(offsets)
     profiled = profiled_ns(steps, *parts.span())
     host = all_threads(list(itertools.chain(*parts.each(_main_modes))))
     incomplete = trace.incomplete_ranks()
@@ -128,7 +129,7 @@ def analyze_on_cluster(trace: ClusterTrace, *, threshold_ms: float = 1.0) -> Ana
     bubbles = parts.bubbles(steps, int(threshold_ms * 1e6), cross.sampled, incomplete)
     paths = parts.paths(steps)
     warnings = cross.warnings + list(itertools.chain(*parts.each(_cycle_warnings))) + unstepped(
-        steps, int(parts.first_op[-1]))
+        steps, int(parts.first_op[-1])) + cut
     analysis = ClusterAnalysis(trace=trace, ops=None, matches=None, graph=None,  # gathered
                                offsets=offsets, start=None, end=None, steps=steps,
                                bubbles=bubbles, critical_paths=paths, slow_ranks=slow,
@@ -285,14 +286,15 @@ class _Parts:
             self.futures[k] = self.client.submit(_connect, self.futures[k], sent, pure=False)
         return comm, _Cross(matches, comm, sampled, list(matches.warnings)), offsets
 
-    def steps(self, offsets: dict[int, int]) -> pd.DataFrame:
-        """Each rank's steps on the aligned clock, tiled on the device work they launched."""
+    def steps(self, offsets: dict[int, int]) -> tuple[pd.DataFrame, list[str]]:
+        """Each rank's steps on the aligned clock, tiled on the device work they launched, less
+        those the profile's end cut short (said in the warnings that come along)."""
         markers = pd.concat([f.markers for f in self.facts], ignore_index=True)
         windows = step_windows_of_markers(markers, offsets)
         parts = self.client.gather(self.submitted(
             _launched, [(windows[windows["rank"].isin(f.held)],) for f in self.facts]))
         steps = pd.concat(parts, ignore_index=True) if parts else windows
-        return steps.sort_values(["step", "rank"], ignore_index=True)
+        return steps.sort_values(["step", "rank"], ignore_index=True), cut_warnings(windows, steps)
 
     def bubbles(self, steps: pd.DataFrame, threshold_ns: int, sampled: bool,
                 incomplete: dict[int, str]) -> list[Bubble]:
@@ -611,7 +613,8 @@ def _span(part: _Part) -> tuple[int, int] | None:
 
 
 def _launched(part: _Part, steps: pd.DataFrame) -> pd.DataFrame:
-    return with_launched_work(steps, part.graph) if len(steps) else steps
+    return without_cut_steps(with_launched_work(steps, part.graph), part.graph) if len(
+        steps) else steps
 
 
 def _work(part: _Part) -> pd.Series:

@@ -51,7 +51,6 @@ QUEUE_WINDOW_NS = 50_000  # a serialized stream starts this soon after the op ah
 HOST_SYNC_WINDOW_NS = 1_000_000  # a host blocked on the device launches this soon after it ends
 BUSY_SHARE = 0.5  # a releaser (or its lane) ran through at least this share of the stretch
 HOST_CLOCK_SLACK_NS = 20_000  # a host thread may resume this long before its releaser's end
-_DEVICE_WORK = (schema.COMPUTE, schema.COLLECTIVE, schema.P2P, schema.MEMCPY)
 _COMM = (schema.COLLECTIVE, schema.P2P)
 
 
@@ -96,7 +95,7 @@ class DepGraph:
         self.sampled = False  # collectives refused order matching: events may be missing
         self.incomplete: dict[int, str] = {}  # rank -> why its parser knows it misses events
         self._comm_ends = _ends_by_rank(frame, self.end, _COMM)
-        self._device_ends = _ends_by_rank(frame, self.end, _DEVICE_WORK)
+        self._device_ends = _ends_by_rank(frame, self.end, schema.DEVICE_WORK)
         starts = pd.Series(self.start).groupby(self.rank).min() if len(frame) else pd.Series()
         self.profile_start = {int(r): int(t) for r, t in starts.items()}
         """rank -> when its profile begins (its earliest op, aligned): nothing before is known"""
@@ -307,7 +306,7 @@ def _host_gates(frame: pd.DataFrame, start: np.ndarray, end: np.ndarray) -> np.n
     called = frame["host_wait"].to_numpy() if "host_wait" in frame else out
     if not (called >= 0).any():
         return out
-    work = np.flatnonzero(frame["kind"].isin(_DEVICE_WORK).to_numpy()
+    work = np.flatnonzero(frame["kind"].isin(schema.DEVICE_WORK).to_numpy()
                           & (frame["correlation"] >= 0).to_numpy())
     ranks, corr = frame["rank"].to_numpy(), frame["correlation"].to_numpy()
     lane = frame["lane_id"].to_numpy()

@@ -33,11 +33,15 @@ from tracegraph.loading.cachedir import CacheDir, default_cache_dir
 from tracegraph.loading.consistency import distinct_ranks
 from tracegraph.loading.inventory import inventory_of, rank_summary
 from tracegraph.loading.loader import (
+    Dropped,
+    Outcome,
     assembled,
+    attempt,
     in_rank_order,
     parse_bytes,
     parse_in_worker,
     profiles_of,
+    readable,
     sources,
     with_rank,
 )
@@ -124,8 +128,8 @@ def load_on_cluster(path: str | Path, client: Any, *, cache_dir: Path | None = N
         stated = _gathered(client, [client.submit(_stated, futures[p.root], pure=False)
                                     for p in profiles], progress)
         warnings = list(bundle.warnings)
-    parsed = [(p, ParsedRank(s.rank, None, s.groups, s.meta, s.warnings,  # type: ignore[arg-type]
-                             memory=s.memory)) for p, s in zip(profiles, stated, strict=True)]
+    parsed = readable([(p, _stated_rank(s)) for p, s in zip(profiles, stated, strict=True)],
+                      warnings)
     by_root = {p.root: s for p, s in zip(profiles, stated, strict=True)}
     held_by = {id(r): futures[p.root] for p, r in parsed}
     parsed = distinct_ranks(parsed, warnings, lambda one, other: client.submit(
@@ -143,6 +147,14 @@ def load_on_cluster(path: str | Path, client: Any, *, cache_dir: Path | None = N
                       warnings, _fetch(client, tables), client=client, held=tables)
     trace.fingerprint = cache.bundle_key(keys, forced)
     return trace
+
+
+def _stated_rank(stated: _Stated | Dropped) -> Outcome:
+    """The rank a worker's `_Stated` describes (its events stay there), or why it did not read."""
+    if isinstance(stated, Dropped):
+        return stated
+    return ParsedRank(stated.rank, None, stated.groups, stated.meta,  # type: ignore[arg-type]
+                      stated.warnings, memory=stated.memory)
 
 
 def inventory_on_cluster(trace: ClusterTrace) -> dict[str, object]:
@@ -196,27 +208,31 @@ def _fetch(client: Any, tables: list[Any]) -> Callable[[], list[pa.Table]]:
 
 # --- on the workers ----------------------------------------------------------------------------
 def _held(store: Path | None, profile: RankFiles, key: str, rank: int | None,
-          parse: Callable[..., ParsedRank], *args: object) -> ParsedRank:
+          parse: Callable[..., ParsedRank], *args: object) -> Outcome:
     """A rank as a worker keeps it: from the cache when it holds the entry, else parsed (and
-    stored, when the cache can be written from here); its rank as --rank-map forces it."""
+    stored, when the cache can be written from here); its rank as --rank-map forces it. Why
+    it did not read, where it did not."""
     parsed = cache.load_cached(CacheDir(store), key) if store is not None else None
-    return _kept(store, key, rank, parsed if parsed is not None else parse(*args))
+    return _kept(store, key, rank, parsed if parsed is not None else attempt(parse, *args))
 
 
-def _held_share(store: Path | None, path: str, todo: Todo) -> list[ParsedRank]:
+def _held_share(store: Path | None, path: str, todo: Todo) -> list[Outcome]:
     """`_held` of a share of a streamed archive's ranks, the uncached ones parsed in one pass."""
     folder = CacheDir(store) if store is not None else None
-    held = {p.root: cache.load_cached(folder, key) if folder is not None else None
-            for p, key, _ in todo}
+    held: dict[str, Outcome | None] = {
+        p.root: cache.load_cached(folder, key) if folder is not None else None
+        for p, key, _ in todo}
     missing = [(p, key) for p, key, _ in todo if held[p.root] is None]
     if missing:
         with open_bundle(path) as bundle:
             for profile, _key, read in sources(bundle, missing):
-                held[profile.root] = parse_bytes(profile, read.contents)
+                held[profile.root] = attempt(parse_bytes, profile, read.contents)
     return [_kept(store, key, rank, held[p.root]) for p, key, rank in todo]
 
 
-def _kept(store: Path | None, key: str, rank: int | None, parsed: ParsedRank) -> ParsedRank:
+def _kept(store: Path | None, key: str, rank: int | None, parsed: Outcome) -> Outcome:
+    if isinstance(parsed, Dropped):
+        return parsed
     if store is not None and not (store / key).is_dir():  # a worker that cannot write the
         cache.store(CacheDir(store), key, parsed)  # client's cache parses again, silently
     if rank is not None:
@@ -224,7 +240,9 @@ def _kept(store: Path | None, key: str, rank: int | None, parsed: ParsedRank) ->
     return parsed
 
 
-def _stated(parsed: ParsedRank) -> _Stated:
+def _stated(parsed: Outcome) -> _Stated | Dropped:
+    if isinstance(parsed, Dropped):
+        return parsed
     return _Stated(parsed.rank, parsed.groups, parsed.meta, parsed.warnings,
                    parsed.events.num_rows, _observed(parsed.events, parsed.rank),
                    comm_rows(parsed.events) if unsettled(parsed) else None, parsed.memory)

@@ -19,7 +19,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, ProcessPoolExecutor, wait
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +27,15 @@ import pandas as pd
 import pyarrow as pa
 
 from parsers import parse_rank
-from parsers.base import GroupInfo, ParsedRank, RankFiles, TraceError, local_path
+from parsers.base import (
+    GroupInfo,
+    ParsedRank,
+    RankFiles,
+    ShortOfResources,
+    StopsTheRun,
+    TraceError,
+    local_path,
+)
 from parsers.bundle import Bundle, open_bundle
 from parsers.text import printable
 from tracegraph import schema
@@ -70,8 +78,8 @@ def load(
         store = cache_folder or (CacheDir(cache_dir or default_cache_dir(), warn=notes.append)
                                  if use_cache else None)
         with Progress("reading ranks", total=len(profiles), enabled=progress) as bar:
-            parsed = list(_parse_all(bundle, list(zip(profiles, keys, strict=True)), store,
-                                     jobs, bar.advance, executor, notes))
+            parsed = readable(list(_parse_all(bundle, list(zip(profiles, keys, strict=True)),
+                                              store, jobs, bar.advance, executor, notes)), notes)
         for profile, rank in parsed:
             rank.rank = forced.get(profile.root, rank.rank)
         trace = _merge(Path(printable(str(path))), parsed, profiles,  # the path shown, not read
@@ -101,6 +109,42 @@ def _forced_ranks(profiles: list[RankFiles], rank_map: dict[str, int]) -> dict[s
     return forced
 
 
+@dataclass
+class Dropped:
+    """A rank's profile that did not read: the one-line error that says why."""
+
+    why: str
+
+
+Outcome = ParsedRank | Dropped
+
+
+def attempt(parse: Callable[..., ParsedRank], *args: object) -> Outcome:
+    """`parse(*args)`, or what its TraceError said when the profile does not read (`StopsTheRun`:
+    what the machine lacked, a rank id to give, still stops the run)."""
+    try:
+        return parse(*args)
+    except StopsTheRun:
+        raise
+    except TraceError as error:
+        return Dropped(str(error))
+
+
+def readable(outcomes: list[tuple[RankFiles, Outcome]], warnings: list[str]
+             ) -> list[tuple[RankFiles, ParsedRank]]:
+    """The ranks that read, each one that did not said in `warnings` (it then counts as absent);
+    TraceError, the first one's, when none reads."""
+    kept = [(p, r) for p, r in outcomes if isinstance(r, ParsedRank)]
+    dropped = [(p, r) for p, r in outcomes if isinstance(r, Dropped)]
+    if dropped and not kept:
+        raise TraceError(dropped[0][1].why)
+    for profile, outcome in dropped:
+        rank = f"rank {profile.rank}" if profile.rank is not None else "its rank"
+        warnings.append(f"{outcome.why}; {profile.root} is left out ({rank} counts as absent), "
+                        "the analysis covers the other ranks")
+    return kept
+
+
 def _parse_all(
     bundle: Bundle,
     profiles: list[tuple[RankFiles, str]],
@@ -109,9 +153,10 @@ def _parse_all(
     advance: Callable[[], None],
     executor: Executor | None = None,
     notes: list[str] | None = None,
-) -> Iterator[tuple[RankFiles, ParsedRank]]:
-    """Yield (profile, parsed rank) for every (profile, cache key), from the cache where
-    possible (a cache entry that does not read back is said in `notes` and parsed again)."""
+) -> Iterator[tuple[RankFiles, Outcome]]:
+    """Yield (profile, parsed rank or why it did not read) for every (profile, cache key), from
+    the cache where possible (a cache entry that does not read back is said in `notes` and
+    parsed again); only ranks that read are stored."""
     todo: list[tuple[RankFiles, str]] = []
     for profile, key in profiles:
         hit = cache.load_cached(store, key, notes) if store else None
@@ -131,7 +176,7 @@ def _parse_all(
         if workers <= 1:
             for n, (profile, key, read) in enumerate(sources(bundle, todo, handoff)):
                 out = handoff / f"{n}.arrow"  # mapped, as a worker's: no heap holds it
-                parsed = _mapped(_to_file(str(out), _parse, profile, read), out)
+                parsed = _mapped(attempt(_to_file, str(out), _parse, profile, read), out)
                 _drop_spilled(read)
                 yield profile, _finish(profile, parsed, store, key, out)
                 advance()
@@ -213,7 +258,7 @@ def _bound_to_parent(parent: int | None) -> None:
 
 def _parse_on(pool: Executor, bundle: Bundle, todo: list[tuple[RankFiles, str]],
               store: CacheDir | None, advance: Callable[[], None], handoff: Path | None = None,
-              room: int | None = None) -> Iterator[tuple[RankFiles, ParsedRank]]:
+              room: int | None = None) -> Iterator[tuple[RankFiles, Outcome]]:
     """Parse on `pool`: workers open a random-access bundle themselves, else get the bytes
     (big members as files spilled to `handoff`), at most `room` profiles of a streamed archive
     read ahead of the workers. With `handoff` (local workers), a worker writes the rank's table
@@ -230,7 +275,7 @@ def _parse_on(pool: Executor, bundle: Bundle, todo: list[tuple[RankFiles, str]],
             _wait_for_room([f for f, _ in futures.values()], room)
     for profile, key in todo:
         future, out = futures[profile.root]
-        parsed = future.result()
+        parsed = attempt(future.result)
         if out is not None:
             parsed = _mapped(parsed, out)
         yield profile, _finish(profile, parsed, store, key, out)
@@ -258,9 +303,9 @@ def _wait_for_room(futures: list[Future], room: int) -> None:
         wait(pending, return_when=FIRST_COMPLETED)
 
 
-def _mapped(parsed: ParsedRank, out: Path) -> ParsedRank:
+def _mapped(parsed: Outcome, out: Path) -> Outcome:
     """A rank handed off by `_to_file`: its events mapped from `out`, unless they came along."""
-    if parsed.events is None:
+    if isinstance(parsed, ParsedRank) and parsed.events is None:
         parsed.events = cache.read_events(out)
     return parsed
 
@@ -356,15 +401,15 @@ def _parse(profile: RankFiles, read: Callable[[str], bytes]) -> ParsedRank:
         parsed = parse_rank(profile, read)
         parsed.events = schema.in_memory(parsed.events)
     except MemoryError:
-        raise TraceError(f"{profile.root}: out of memory while parsing it") from None
+        raise ShortOfResources(f"{profile.root}: out of memory while parsing it") from None
     parsed.warnings[:0] = said[before:]
     del said[before:]
     return parsed
 
 
-def _finish(profile: RankFiles, parsed: ParsedRank, store: CacheDir | None, key: str,
-            events_file: Path | None = None) -> ParsedRank:
-    if store is not None:
+def _finish(profile: RankFiles, parsed: Outcome, store: CacheDir | None, key: str,
+            events_file: Path | None = None) -> Outcome:
+    if store is not None and isinstance(parsed, ParsedRank):
         cache.store(store, key, parsed, events_file)
     return parsed
 
