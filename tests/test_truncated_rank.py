@@ -16,6 +16,7 @@ import pytest
 import tracegraph
 from tracegraph.analysis.analyze import Analysis, analyze
 from tracegraph.analysis.bubbles import SAMPLED
+from tracegraph.verdict import verdict
 
 CUT = "rank2.json: truncated JSON, kept the"
 
@@ -58,6 +59,14 @@ def test_own_straggling_is_no_surer_than_the_matching(real: Path, cut: Analysis)
     assert cut.sampled and cut.straggling_sureness(1) == ("low", SAMPLED)
     whole = analyze(tracegraph.load(real / "kineto/gloo_pp2_dp2", use_cache=False))
     assert whole.straggling_sureness(1) == ("high", "its own ops against its peers' median")
+
+
+def test_the_verdicts_straggler_is_no_surer_than_the_matching(cut: Analysis) -> None:
+    """The verdict's compute_straggler (rank 1's sleep, on the steps' critical paths) says the
+    matching was refused, where the cut once made it high."""
+    [straggler] = [c for c in verdict(cut)["causes"] if c["category"] == "compute_straggler"]
+    assert {o["rank"] for o in straggler["origins"]} == {1}
+    assert (straggler["confidence"], straggler["evidence"]) == ("low", SAMPLED)
 
 
 def test_a_truncated_ascend_timeline_marks_its_rank(real: Path, tmp_path: Path) -> None:

@@ -47,7 +47,6 @@ NAMED_FIXES = {causes.DP_REDUCTION: ("decouple-reduction", "separate-queues"),
 EVIDENCE = {"separate-queues": "serialized_streams"}
 """The finding a named fix needs before it is tried (a hardware queue shared by streams is
 inferred by time, and such a fix moves more than the cause)."""
-STRAGGLER_CONFIDENCE = "high"  # a rank's own slow ops: measured against its peers' median
 LEVELS = ("low", "medium", "high")
 WEIGHTY = 0.25  # a category is as sure as its least sure part of this share of it at least
 
@@ -167,8 +166,7 @@ class _Origins:
                         self.step_excess.get((step, seg.rank), 0.0))
             excess = round(ns * share)
             self._add(Cause(causes.COMPUTE_STRAGGLER, seg.rank, seg.lane, seg.name, "", excess,
-                            1.0), step, STRAGGLER_CONFIDENCE,
-                      "its own ops against its peers' median")
+                            1.0), step, *self.analysis.straggling_sureness(seg.rank))
 
     def stalled_share(self, steps: int) -> float:
         """The slowest ranks' stalls' share of their step, averaged over the steps."""
