@@ -142,3 +142,15 @@ def test_diff_predicted_checks_a_saved_prediction(tmp_path: Path, cache_dir: Pat
     bad.write_text("[1, 2]")
     refused = tracegraph("diff", str(GLOO), str(fixed), "--predicted", str(bad), cache=cache_dir)
     assert refused.returncode == 2 and "bad.json" in refused.stderr.strip().splitlines()[-1]
+
+
+def test_no_edit_is_the_replay_of_the_measurement_and_says_so(cache_dir: Path) -> None:
+    """Without an edit the replay reproduces the measured steps, gains nothing, and one warning
+    says that this is the model's own check, naming the flags that make a what-if."""
+    run = tracegraph("whatif", str(GLOO), "--json", cache=cache_dir)
+    assert run.returncode == 0, run.stderr
+    assert [x for x in run.stderr.splitlines() if x.startswith("warning: no edit given")] == [
+        "warning: no edit given (--fix, --straggler, --scale, --remove-wait): the replay of the "
+        "measurement as it is, the model's own check"]
+    steps = json.loads(run.stdout)["steps"]
+    assert steps and all(abs(s["gain_ms"]) < 0.01 for s in steps)

@@ -21,6 +21,7 @@ from tracegraph.cli.common import (
     inputs_exist,
     out,
     print_json,
+    warn,
 )
 from tracegraph.cli.options import (
     Bundle,
@@ -35,6 +36,8 @@ from tracegraph.cli.options import (
 )
 
 EXIT_REFUSED = 1
+NO_EDIT = ("no edit given (--fix, --straggler, --scale, --remove-wait): the replay of the "
+           "measurement as it is, the model's own check")
 Fix = Annotated[list[str] | None, typer.Option(
     "--fix", help="decouple-reduction (the reduction wait after the send, drained before the "
                   "optimizer), couple-reduction (the reverse), separate-queues (repeatable).")]
@@ -93,6 +96,8 @@ def whatif_command(
         with source.cluster() as client:  # on a cluster, the graph is gathered to replay it
             try:
                 edits = parse_edits(fix or [], straggler or [], scale or [], remove_wait or [])
+                if not edits:
+                    warn(NO_EDIT)
                 analysis = source.analysis(bundle, client)
                 prediction = predict(analysis, edits, threshold_ms=threshold_ms)
             except (EditError, CycleError) as error:
