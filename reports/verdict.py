@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 from html import escape
 
+from tracegraph import causes
+
 _HCCL_LANE = re.compile(r"\bhccl (\S+)")
 SHOWN_STEPS = 4  # steps named in the head line
 PROFILE_NEXT = "the members outside the bundle a collective waited on (a late one, or its transfer)"
@@ -83,12 +85,13 @@ def _cause_lines(listed: list[dict[str, object]], top: int = 4) -> list[str]:
             lines.append(head + cause["no_fix"] + _ratio(cause))
             continue
         if cause is not first:
-            lines.append(f"{head}{cause['confidence']}: {origin_text(cause['origins'][0])}")
+            lines.append(f"{head}{cause['confidence']}: "
+                         f"{origin_text(cause['origins'][0], cause['category'])}")
             continue
         lines.append(head + cause["confidence"] + (f" ({cause['evidence']})" if cause[
             "evidence"] and cause["confidence"] != "high" else ""))
-        lines += [f"      {pct(o['share']):>7} {o['ms']:9.1f} ms  {origin_text(o)}"
-                  for o in cause["origins"]]
+        lines += [f"      {pct(o['share']):>7} {o['ms']:9.1f} ms  "
+                  f"{origin_text(o, cause['category'])}" for o in cause["origins"]]
         if cause["more_origins"]:
             lines.append(f"      … {cause['more_origins']} more "
                          + ("origin" if cause["more_origins"] == 1 else "origins")
@@ -100,9 +103,11 @@ def _cause_lines(listed: list[dict[str, object]], top: int = 4) -> list[str]:
     return lines
 
 
-def origin_text(origin: dict[str, object]) -> str:
+def origin_text(origin: dict[str, object], category: str = "") -> str:
     """"rank 12288 stream 51 hcom_allReduce__321_0_1, waiting on hsdp-dp32-12288's 31 absent
-    members"."""
+    members"; time the walk could not explain is the idle time before its op, never the op's."""
+    if origin.get("category", category) == causes.UNKNOWN:
+        return f"rank {origin['rank']} {origin['lane']} idle before {origin['name'][:60]}"
     text = f"rank {origin['rank']} {origin['lane']} {origin['name'][:60]}"
     if origin.get("group_label"):
         count = origin.get("absent_count")
