@@ -6,8 +6,6 @@ from __future__ import annotations
 import re
 from html import escape
 
-from tracegraph import causes
-
 _HCCL_LANE = re.compile(r"\bhccl (\S+)")
 SHOWN_STEPS = 4  # steps named in the head line
 PROFILE_NEXT = "the members outside the bundle a collective waited on (a late one, or its transfer)"
@@ -106,7 +104,9 @@ def _cause_lines(listed: list[dict[str, object]], top: int = 4) -> list[str]:
 def origin_text(origin: dict[str, object], category: str = "") -> str:
     """"rank 12288 stream 51 hcom_allReduce__321_0_1, waiting on hsdp-dp32-12288's 31 absent
     members"; time the walk could not explain is the idle time before its op, never the op's."""
-    if origin.get("category", category) == causes.UNKNOWN:
+    from tracegraph.causes import UNKNOWN  # the schema's pyarrow: not at the command's start
+
+    if origin.get("category", category) == UNKNOWN:
         return f"rank {origin['rank']} {origin['lane']} idle before {origin['name'][:60]}"
     text = f"rank {origin['rank']} {origin['lane']} {origin['name'][:60]}"
     if origin.get("group_label"):
