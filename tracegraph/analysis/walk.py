@@ -48,7 +48,6 @@ STEP_TAIL = "step marker runs past the rank's last op"  # only at the end of a c
 NOT_RECORDED = "before the rank's profile begins: not recorded"
 _BLOCKING = (schema.WAIT, schema.COLLECTIVE, schema.P2P)
 _ACROSS_RANKS = ("p2p", "collective")  # dependencies matched on another rank
-IN_FLIGHT_SHARE = 0.5  # a comm op in flight through this share of an unexplained idle gap
 UNMATCHED_CONFIDENCE = 0.3  # a comm op whose peers' op was not found: who was late is unknown
 ABSENT_PEER_CONFIDENCE = 0.5  # a P2P half whose peer is absent: a late post or the transfer
 
@@ -84,7 +83,6 @@ class BindingWalk:
         self.start, self.end, self.kind = graph.start, graph.end, graph.kind
         self._pass_ns: dict[int, int] = {}  # recorded stream wait -> when it passed
         self._blind = _blind_ranks(graph)
-        self._comm_ops: dict[int, np.ndarray] = {}  # rank -> its comm ops (`_unseen_launch`)
         self.weakest: tuple[float, str] = (1.0, "")
         """the least sure link the last walk followed: (confidence, why it was drawn)"""
 
@@ -325,20 +323,12 @@ class BindingWalk:
     def _unseen_launch(self, n: int, a: int, b: int) -> str:
         """UNSEEN_LAUNCH, naming the comm op of the rank on another lane that was in flight
         through most of [a, b]: what the lane likely waited for, which the profile cannot show."""
-        graph = self.graph
-        rank = int(graph.rank[n])
-        if rank not in self._comm_ops:
-            self._comm_ops[rank] = np.flatnonzero((graph.rank == rank) & np.isin(
-                self.kind, [schema.COLLECTIVE, schema.P2P]))
-        comm = self._comm_ops[rank]
-        comm = comm[graph.lane_id[comm] != graph.lane_id[n]]
-        covered = np.minimum(self.end[comm], b) - np.maximum(self.start[comm], a)
-        if not len(comm) or covered.max() < IN_FLIGHT_SHARE * (b - a):
+        k, share = self.graph.in_flight(n, a, b)
+        if k < 0:
             return UNSEEN_LAUNCH
-        k = comm[int(np.argmax(covered))]
-        return (f"{UNSEEN_LAUNCH}; {graph.name[k]} ({graph.lane[k]}) was in flight through "
-                f"{covered.max() / (b - a):.0%} of it: likely what it waited for, which the "
-                "profile cannot show")
+        return (f"{UNSEEN_LAUNCH}; {self.graph.name[k]} ({self.graph.lane[k]}) was in flight "
+                f"through {share:.0%} of it: likely what it waited for, which the profile "
+                "cannot show")
 
     def _gating_wait(self, n: int) -> int:
         """The stream wait that released op n last: of the waits enqueued right before it, or

@@ -48,6 +48,7 @@ RELEASED_AT = {"stream": "end", "launch": "start", "event_wait": "end", "queue":
 RELEASE_WINDOW_NS = 5_000_000  # a host thread resumes this soon after the op it waited on ends
 RELEASE_SHARE = 0.1  # ... or within this share of a long stretch (a busy CPU wakes it late)
 QUEUE_WINDOW_NS = 50_000  # a serialized stream starts this soon after the op ahead of it ends
+IN_FLIGHT_SHARE = 0.5  # a comm op in flight through this share of an unexplained idle gap
 HOST_SYNC_WINDOW_NS = 1_000_000  # a host blocked on the device launches this soon after it ends
 BUSY_SHARE = 0.5  # a releaser (or its lane) ran through at least this share of the stretch
 HOST_CLOCK_SLACK_NS = 20_000  # a host thread may resume this long before its releaser's end
@@ -164,6 +165,20 @@ class DepGraph:
         stream busy through most of [lo, hi] (one hardware queue), or -1."""
         return self._releaser(n, lo, hi, QUEUE_WINDOW_NS, self._device_ends, lane_busy=True,
                               late_ns=0)
+
+    def in_flight(self, n: int, lo: int, hi: int) -> tuple[int, float]:
+        """The comm op on another lane of n's rank in flight through most (IN_FLIGHT_SHARE) of
+        [lo, hi], and the share it covers: what an idle lane with no recorded wait likely
+        waited for; (-1, 0.0) if none."""
+        _, idx, lanes = self._comm_ends.get(int(self.rank[n]), (None, None, None))
+        if idx is None:
+            return -1, 0.0
+        comm = np.sort(idx[lanes != self.lane_id[n]])
+        covered = np.minimum(self.end[comm], hi) - np.maximum(self.start[comm], lo)
+        if not len(comm) or covered.max() < IN_FLIGHT_SHARE * (hi - lo):
+            return -1, 0.0
+        k = int(np.argmax(covered))
+        return int(comm[k]), float(covered[k] / (hi - lo))
 
     def host_sync(self, n: int) -> int:
         """The device op of n's rank that ended last shortly (1 ms) before the host launched n:
