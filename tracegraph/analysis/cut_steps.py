@@ -19,18 +19,19 @@ def without_cut_steps(steps: pd.DataFrame, graph: DepGraph) -> pd.DataFrame:
     the profile cut it: much shorter than the rank's other steps, and no device work of the
     rank starts after it does (a rank without device work: it ends at the rank's last op)."""
     cut = np.zeros(len(steps), dtype=bool)
+    length = (steps["end"] - steps["start"]).to_numpy()
+    working = np.isin(graph.kind, schema.DEVICE_WORK)
     for rank, rows in steps.groupby("rank").indices.items():
         if len(rows) < 2:
             continue
         order = rows[np.argsort(steps["start"].to_numpy()[rows], kind="stable")]
         last = order[-1]
-        length = (steps["end"] - steps["start"]).to_numpy()
         usual = float(np.median(length[order[:-1]]))
         if length[last] >= SHORT * usual:
             continue
         mine = graph.rank == rank
         start, end = int(steps["start"].iat[last]), int(steps["end"].iat[last])
-        device = mine & np.isin(graph.kind, schema.DEVICE_WORK)
+        device = mine & working
         if device.any():  # the device ran nothing of it
             cut[last] = not (device & (graph.start >= start)).any()
         else:  # a host-only rank: it ends at the rank's last op

@@ -71,6 +71,9 @@ class _Search:
         self.present = set(np.unique(ops.rank).tolist())  # ranks with worker collectives
         self.kind = pd.factorize(pd.MultiIndex.from_arrays(
             [ops.comm, np.where(ops.shaped, ops.size, -1)]))[0]  # what partners must share
+        self.kinds = int(self.kind.max()) + 1 if len(self.kind) else 0
+        self.present_members = [[r for r in members if r in self.present]
+                                for members in ops.members]  # per group, as `_may_hold` asks
         last: dict[int, int] = {}
         for i, u in enumerate(open_units):
             for g in np.flatnonzero(candidates[u]):
@@ -102,12 +105,11 @@ class _Search:
         ops, unit = self.ops, self.ops.unit
         on = self.assign[unit] == g
         maybe = on | ((self.assign[unit] < 0) & self.candidates[unit, g])
-        ranks = [r for r in ops.members[g] if r in self.present]
-        kinds = int(self.kind.max()) + 1 if len(self.kind) else 0
+        ranks = self.present_members[g]
 
         def count(mask: np.ndarray, rank: int, other: int) -> np.ndarray:
             idx = _within(ops, np.flatnonzero(mask & (ops.rank == rank)), other)
-            return np.bincount(self.kind[idx], minlength=kinds)
+            return np.bincount(self.kind[idx], minlength=self.kinds)
 
         return all((count(on, a, b) <= count(maybe, b, a)).all()
                    and (count(on, b, a) <= count(maybe, a, b)).all()
