@@ -24,7 +24,8 @@ class Replica:
 def components(trace, ranks: list[int], pairs: set[tuple[int, int]] | None = None
                ) -> list[list[int]]:
     """The replicas holding any of `ranks`: components of the ranks P2P peers and `pp` groups
-    link, each sorted, with the linked ranks absent from the bundle."""
+    link, each sorted, with the linked ranks absent from the bundle; `pairs`: the pipeline's
+    P2P pairs (`pipeline_links`) when the caller has them."""
     parent: dict[int, int] = {r: r for r in ranks}
 
     def find(r: int) -> int:
@@ -32,7 +33,7 @@ def components(trace, ranks: list[int], pairs: set[tuple[int, int]] | None = Non
             r = parent[r]
         return r
 
-    links = list(pipeline_links(trace, trace.p2p_links() if pairs is None else pairs))
+    links = list(pipeline_links(trace, trace.p2p_links()) if pairs is None else pairs)
     for members in trace.groups.loc[trace.groups["dim"] == "pp", "ranks"]:
         links += [(int(members[0]), int(m)) for m in members[1:]]
     for a, b in links:
@@ -59,11 +60,10 @@ def pipeline_links(trace, pairs: set[tuple[int, int]]) -> set[tuple[int, int]]:
     return {pair for pair, dim in zip(ordered, dims, strict=True) if dim in ("", "pp")}
 
 
-def replicas(trace, ranks: list[int], pairs: set[tuple[int, int]] | None = None
-             ) -> dict[int, int]:
+def replicas(trace, ranks: list[int]) -> dict[int, int]:
     """rank -> replica number (by smallest member) of each of `ranks`."""
     present = set(ranks)
-    return {r: k for k, members in enumerate(components(trace, ranks, pairs)) for r in members
+    return {r: k for k, members in enumerate(components(trace, ranks)) for r in members
             if r in present}
 
 
