@@ -91,9 +91,8 @@ def _cause_lines(listed: list[dict[str, object]], top: int = 4) -> list[str]:
         lines += [f"      {pct(o['share']):>7} {o['ms']:9.1f} ms  "
                   f"{origin_text(o, cause['category'])}" for o in cause["origins"]]
         if cause["more_origins"]:
-            lines.append(f"      … {cause['more_origins']} more "
-                         + ("origin" if cause["more_origins"] == 1 else "origins")
-                         + f", {cause['more_ms']:.1f} ms")
+            lines.append(f"      … {plural(cause['more_origins'], 'more origin')}, "
+                         f"{cause['more_ms']:.1f} ms")
     if len(listed) > top:
         rest = listed[top:]
         lines.append(f"  … {len(rest)} more causes, {sum(c['ms'] for c in rest):.1f} ms: "
