@@ -50,18 +50,19 @@ def compare(before: Runs, after: Runs, *, top: int = 5, min_chain_ms: float | No
     step = stats.measure(old.step_time(), new.step_time(), pooled_median, confidence)
     floor = min_chain_ms if min_chain_ms is not None else max(
         1.0, CHAIN_FLOOR_SHARE * max(_finite(step.before), _finite(step.after)))
+    ranks, overlaps = (_rank_ms(old), _rank_ms(new)), (profile_overlap(old), profile_overlap(new))
     return {
-        "before": profile(old),
-        "after": profile(new),
+        "before": profile(old, ranks[0], overlaps[0]),
+        "after": profile(new, ranks[1], overlaps[1]),
         "noise": noise_note(old, new, confidence),
         "warnings": step_count_warnings(counts, steps),
         "step_time": change_dict(step),
         "verdict": verdict(step, unchanged_pct),
-        "ranks": _point_rows("rank", *(_rank_ms(side) for side in (old, new))),
+        "ranks": _point_rows("rank", *ranks),
         "bubbles": _change_rows("category", (old, new), "bubbles", confidence),
         "critical_path": _point_rows("kind", *(_means(side.sums("critical", "kind"))
                                                for side in (old, new))),
-        "overlap": _overlap_rows(profile_overlap(old), profile_overlap(new)),
+        "overlap": _overlap_rows(*overlaps),
         "min_chain_ms": _r(floor),
         "chains": chain_changes(old, new, floor, top, confidence),
     }
@@ -75,15 +76,18 @@ def _runs(side: Runs) -> list[Run]:
 
 
 # --- one side ----------------------------------------------------------------------------------
-def profile(side: Side) -> dict[str, object]:
-    """The numbers of one side: each run's steps, and the centre of each quantity over them."""
+def profile(side: Side, ranks: dict[str, float],
+            overlaps: tuple[dict[str, float], dict[str, float]]) -> dict[str, object]:
+    """The numbers of one side: each run's steps, and the centre of each quantity over them
+    (`ranks` and `overlaps`: its `_rank_ms` and `profile_overlap`, which the diff's rows also
+    read)."""
     one = len(side.runs) == 1
     runs = [{"source": run.source,
              "step_ms": _r(float(np.median(run.steps["ms"])) if len(run.steps) else math.nan),
              "steps": {str(s): _r(ms) for s, ms in zip(run.steps["step"], run.steps["ms"],
                                                        strict=True)}}
             for run in side.runs]
-    overlap, comm = profile_overlap(side)
+    overlap, comm = overlaps
     return {
         "source": ", ".join(side.sources),
         "sources": side.sources,
@@ -91,7 +95,7 @@ def profile(side: Side) -> dict[str, object]:
         "step_ms": _r(float(pooled_median(side.step_time()))),
         "steps": {(step if one else f"{i}:{step}"): ms for i, run in enumerate(runs, 1)
                   for step, ms in run["steps"].items()},
-        "ranks": _rounded(_rank_ms(side)),
+        "ranks": _rounded(ranks),
         "bubble_ms": _rounded(_means(side.sums("bubbles", "category"))),
         "rank_bubble_ms": _rank_bubbles(side),
         "critical_path_ms": {by: _rounded(_means(side.sums("critical", by)))
