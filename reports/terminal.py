@@ -60,7 +60,7 @@ def read_line(summary: dict[str, object], *, detail: bool = False, inventory: bo
 def print_bubbles(console: Console, summary: dict[str, object]) -> None:
     """The top bubbles, longest first, each with its chain (its MOST_PIECES longest pieces)
     and its causes."""
-    labels = group_labels(pd.DataFrame(summary["groups"])) if summary.get("groups") else {}
+    labels = group_labels(pd.DataFrame(summary.get("groups") or []))
     total = summary["bubble_count"]
     if not total:
         least = f" of {summary['threshold_ms']:g} ms" if "threshold_ms" in summary else ""
@@ -80,7 +80,7 @@ def print_analysis(console: Console, summary: dict[str, object],
     `analysis`, the slowest rank's own too) and the critical path; then the clock offsets and
     the compute stragglers (`analyze --detail`)."""
     slowest = metrics.slowest_rank_bubbles(analysis) if analysis is not None else {}
-    labels = group_labels(pd.DataFrame(summary["groups"])) if summary.get("groups") else {}
+    labels = group_labels(pd.DataFrame(summary.get("groups") or []))
     for step in summary["steps"]:
         stated = step.get("from_step_table", [])
         name = f"step {step['step']}" if step["step"] >= 0 else "whole span (no step markers)"

@@ -70,8 +70,7 @@ class Result:
         """The pipeline schedule recovered from the trace (`Pipeline`: blocks, bubble ratio)."""
         self._findings = findings
         self._origin = analysis.origin
-        groups = analysis.trace.groups
-        self._labels = group_labels(groups) if len(groups) else {}
+        self._labels = group_labels(analysis.trace.groups)
 
     def __repr__(self) -> str:
         from reports.verdict import plural

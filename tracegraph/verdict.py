@@ -27,7 +27,7 @@ from tracegraph import causes
 from tracegraph.analysis.analyze import Analysis
 from tracegraph.analysis.blame import Bubble
 from tracegraph.analysis.stragglers import median_of_others, name_medians
-from tracegraph.loading.groups import distinct_labels as distinct_group_labels
+from tracegraph.loading.groups import distinct_labels
 from tracegraph.verify import metrics
 from tracegraph.whatif.ceilings import NO_FIX, gain_ceilings, subject_of
 from tracegraph.whatif.edits import fixes
@@ -69,12 +69,6 @@ def bubble_causes(bubble: Bubble) -> list[Cause]:
     """A bubble's causes, its root first (`Bubble.causes`)."""
     return [Cause(c.category, c.rank, c.lane, c.name, c.group, c.ns, c.share)
             for c in bubble.causes()]
-
-
-def distinct_labels(analysis: Analysis) -> dict[str, str]:
-    """Group id -> how the verdict names it (`groups.distinct_labels`)."""
-    groups = analysis.trace.groups
-    return distinct_group_labels(groups) if len(groups) else {}
 
 
 def verdict(analysis: Analysis, *, findings: list[dict[str, object]] = (),
@@ -143,7 +137,7 @@ class _Origins:
         self.analysis = analysis
         self.excess = straggling_excess(analysis)
         self.step_excess = step_excess(analysis)
-        self.labels = distinct_labels(analysis)
+        self.labels = distinct_labels(analysis.trace.groups)
         self.members = analysis.trace.group_members()
         self.present = set(analysis.trace.rank_ids)
         self.ns: dict[tuple, float] = {}  # per origin: its ns over the steps

@@ -183,7 +183,7 @@ class Blamer:
         """what waiting on compute that no straggler did is: a pipeline's dependency, or, in a
         job without one, a peer's normal variation (the rank's own compute, when it is its)"""
         self.comm_call = comm_calls(graph.ops.frame)
-        self.group_names = group_labels(groups) if len(groups) else {}
+        self.group_names = group_labels(groups)
 
     def blocked(self, i: int, a: int, b: int) -> list[Interval]:
         """Explain [a, b] inside blocking op `i` (a wait, a P2P half, a collective member)."""

@@ -21,7 +21,7 @@ def summarize(analysis: Analysis, *, step: int | None = None, top: int = 10,
     bubbles = [b for b in analysis.bubbles if step is None or b.step == step]
     shown = bubbles if top <= 0 else bubbles[:top]
     groups = Groups(analysis.trace.group_members(), set(analysis.trace.rank_ids),
-                    distinct_labels(analysis.trace.groups) if len(analysis.trace.groups) else {})
+                    distinct_labels(analysis.trace.groups))
     return {
         "origin_ns": origin,
         "clock_offsets_ns": {str(r): int(ns) for r, ns in sorted(analysis.offsets.items())},

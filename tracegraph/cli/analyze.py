@@ -183,7 +183,7 @@ def _print_inventory(summary: dict[str, object]) -> None:
 
     from tracegraph.loading.groups import group_labels
 
-    labels = group_labels(pd.DataFrame(summary["groups"])) if summary["groups"] else {}
+    labels = group_labels(pd.DataFrame(summary["groups"]))
 
     ranks = Table(title=f"{len(summary['ranks'])} ranks in {summary['source']}")
     steps = "host steps (ms)" if "host_steps" not in (summary["ranks"] or [{}])[0] else \

@@ -33,7 +33,10 @@ def parallel_dim(desc: str) -> str:
 def group_labels(groups: pd.DataFrame) -> dict[str, str]:
     """Group id -> how reports name it: its name unless that is the id itself (a hashed HCCL
     id, a Kineto pg number), then its description where the name does not hold it
-    ("hsdp-dp32-12288", "group_name_19 (pp)", "dp_stage0"), else the id."""
+    ("hsdp-dp32-12288", "group_name_19 (pp)", "dp_stage0"), else the id; none for a table
+    without groups (not even columns)."""
+    if "group" not in groups:
+        return {}
     labels = {}
     for group, name, desc in zip(groups["group"], groups["name"], groups["desc"], strict=True):
         name = "" if name == group else str(name or "")
