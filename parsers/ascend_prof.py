@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 
 from parsers import ascend_layout
-from parsers.ascend import COMM_LAYERS, SKIPPED_LAYERS
+from parsers.ascend import CANN_LAYERS, COMM_LAYERS, DEVICE_LAYERS, SKIPPED_LAYERS
 from parsers.ascend_comm import Side
 from parsers.ascend_rows import (
     Context,
@@ -51,6 +51,7 @@ from parsers.ascend_rows import (
     texts,
     thread_lane,
 )
+from parsers.ascend_timeline import Args, Event
 from parsers.base import (
     Format,
     Found,
@@ -139,30 +140,18 @@ def _run_stamp(root: str) -> int:
 
 
 # --- decoding --------------------------------------------------------------------------------
-class _Args(msgspec.Struct, gc=False):
-    name: Scalar = None  # process_name / thread_name metadata
-    task_type: Scalar = msgspec.field(name="Task Type", default=None)
-    stream_id: Scalar = msgspec.field(name="Stream Id", default=None)
+class _Args(Args, gc=False):
+    """The timeline's args, with the HCCL task's own ids of these files."""
+
     task_id: Scalar = msgspec.field(name="Task Id", default=None)
-    small_task_type: Scalar = msgspec.field(name="task type", default=None)
     hccl_stream: Scalar = msgspec.field(name="stream id", default=None)
     hccl_task: Scalar = msgspec.field(name="task id", default=None)
-    notify_id: Scalar = None
-    src_rank: Scalar = msgspec.field(name="src rank", default=None)
-    dst_rank: Scalar = msgspec.field(name="dst rank", default=None)
-    size: Scalar = msgspec.field(name="size(Byte)", default=None)
 
 
 _NO_ARGS = _Args()
 
 
-class _Event(msgspec.Struct, gc=False):
-    ph: str = ""
-    name: str = ""
-    pid: int | str = 0
-    tid: int | str = 0
-    ts: float | str | None = None
-    dur: float | str | None = None
+class _Event(Event, gc=False):
     args: _Args | None = None
 
 
@@ -201,11 +190,11 @@ class _Rows:
 
 def _row_kind(layer: str, e: _Event) -> str:
     args = e.args or _NO_ARGS
-    if layer == "Ascend Hardware":
+    if layer in DEVICE_LAYERS:
         return "device" if args.task_type is not None else "step"
     if layer in COMM_LAYERS:
         return "op" if args.small_task_type is None else "small"
-    if layer == "CANN":
+    if layer in CANN_LAYERS:
         return "host"
     if layer == "Step Trace":
         return "step"
@@ -311,7 +300,7 @@ def _small_frame(rows: list[tuple[int, _Event, str]], clock: _Clock) -> pd.DataF
     frame["notify_id"] = notify_ids(_args(rows, "notify_id"))
     frame["src_rank"] = local_ranks(_args(rows, "src_rank"))
     frame["dst_rank"] = local_ranks(_args(rows, "dst_rank"))
-    frame["bytes"] = ints(_args(rows, "size"))
+    frame["bytes"] = ints(_args(rows, "size_byte"))
     frame["hccl_stream"] = ints(_args(rows, "hccl_stream"))
     frame["task_id"] = ints(_args(rows, "hccl_task"))
     planes = [_PLANE.match(t) for t in frame["thread"]]
