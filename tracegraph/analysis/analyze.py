@@ -19,7 +19,7 @@ from tracegraph.analysis.cut_steps import cut_warnings, without_cut_steps
 from tracegraph.analysis.peers import Peers, find_peers
 from tracegraph.analysis.step_stragglers import COLUMNS as STEP_COLUMNS
 from tracegraph.analysis.step_stragglers import by_step
-from tracegraph.analysis.stragglers import profiled_ns, slow_ops, slow_ranks
+from tracegraph.analysis.stragglers import main_work, profiled_ns, slow_ops, slow_ranks
 from tracegraph.analysis.walk import BindingWalk
 from tracegraph.graph.clock import estimate_offsets
 from tracegraph.graph.depgraph import DepGraph, build_graph
@@ -187,8 +187,9 @@ def analyze(trace: Trace, *, threshold_ms: float = 1.0, executor: Executor | Non
         profiled = profiled_ns(steps, graph.start, graph.end)
         pipelined = pipelined_job(ops.frame, trace.groups)
         peers = find_peers(ops, trace.groups, graph.incomplete, trace.stated_steps(), pipelined)
-        slow = slow_ranks(walk, profiled, peers)
-        per_step, slow_in_step = by_step(walk, steps, peers)
+        working = main_work(walk)  # both judgements weigh the same work
+        slow = slow_ranks(walk, profiled, peers, working)
+        per_step, slow_in_step = by_step(walk, steps, peers, working)
         slow_op = slow_ops(ops, slow, profiled, peers) | slow_in_step
         blamer = Blamer(walk, trace.groups, slow_op, pipelined)
         bar.advance()

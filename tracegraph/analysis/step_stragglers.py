@@ -28,12 +28,13 @@ HOST_STEP_NOISE_NS = 20_000_000  # ... and, measured on host threads, by this mu
 COLUMNS = ["step", "rank", "work_ms", "peers_ms", "ratio"]
 
 
-def step_work(walk: BindingWalk, steps: pd.DataFrame) -> pd.DataFrame:
-    """step, rank, name, ns: each rank's main-lane work (`main_work`) in each of its step
-    windows (`steps`: rank, step, start, end), per op name; an op counts in the window it
-    starts in, up to the window's end."""
+def step_work(walk: BindingWalk, steps: pd.DataFrame, working: np.ndarray | None = None
+              ) -> pd.DataFrame:
+    """step, rank, name, ns: each rank's main-lane work (`main_work`, computed unless given)
+    in each of its step windows (`steps`: rank, step, start, end), per op name; an op counts
+    in the window it starts in, up to the window's end."""
     graph = walk.graph
-    working = np.flatnonzero(main_work(walk))
+    working = np.flatnonzero(main_work(walk) if working is None else working)
     step, end = _step_of(graph.rank[working], graph.start[working], steps)
     inside = step >= 0
     idx = working[inside]
@@ -60,11 +61,11 @@ def _step_of(rank: np.ndarray, start: np.ndarray, steps: pd.DataFrame
     return step, end
 
 
-def by_step(walk: BindingWalk, steps: pd.DataFrame, peers: Peers
-            ) -> tuple[pd.DataFrame, np.ndarray]:
+def by_step(walk: BindingWalk, steps: pd.DataFrame, peers: Peers,
+            working: np.ndarray | None = None) -> tuple[pd.DataFrame, np.ndarray]:
     """The step stragglers (`stragglers`) and the mask of the ops that made each slow in
-    its step (`step_slow_names`)."""
-    work, host = step_work(walk, steps), on_host(walk.graph.ops)
+    its step (`step_slow_names`); `working`: `main_work`, when the caller has it."""
+    work, host = step_work(walk, steps, working), on_host(walk.graph.ops)
     found = stragglers(work, steps, peers, host)
     flagged = step_slow_names(work, found, peers, host)
     return found, step_slow_mask(walk.graph.ops, flagged, steps, walk.graph.start)

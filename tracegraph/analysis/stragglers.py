@@ -19,17 +19,20 @@ SLOW_OP_SHARE = 0.01  # an op name is slow on a rank when its excess is this sha
 SPREAD_MIN = 4  # values a group needs to tell its own spread
 
 
-def slow_ranks(walk: BindingWalk, profiled_ns: int, peers: Peers) -> set[int]:
+def slow_ranks(walk: BindingWalk, profiled_ns: int, peers: Peers,
+               working: np.ndarray | None = None) -> set[int]:
     """Ranks whose main-lane work exceeds the median of their peers' (the ranks doing the same
     work, peers.py) by SLOW_RANK_FACTOR and by SLOW_RANK_SHARE of the profiled time, and stands
-    out of their spread. A rank without peers is never named."""
-    return slow_among(rank_work(walk), profiled_ns, on_host(walk.graph.ops), peers)
+    out of their spread. A rank without peers is never named. `working`: `main_work`, when
+    the caller has it."""
+    return slow_among(rank_work(walk, working), profiled_ns, on_host(walk.graph.ops), peers)
 
 
-def rank_work(walk: BindingWalk) -> pd.Series:
-    """rank -> ns of main-lane work, for every rank with a main lane (`main_work`)."""
+def rank_work(walk: BindingWalk, working: np.ndarray | None = None) -> pd.Series:
+    """rank -> ns of main-lane work, for every rank with a main lane (`main_work`, computed
+    unless given)."""
     graph = walk.graph
-    working = main_work(walk)
+    working = main_work(walk) if working is None else working
     return pd.Series(graph.end - graph.start)[working].groupby(
         graph.rank[working]).sum().reindex(list(graph.ops.main_lanes()), fill_value=0)
 
