@@ -119,9 +119,9 @@ _NS_LIMIT = "9" + "0" * 18  # the ns of 9e15 µs, as 19 digits: decimal_micros_t
 
 
 def read_timeline(members: list[str], read: Reader, warnings: list[str],
-                  cut: list[str] | None = None) -> Timeline:
+                  truncated: list[str]) -> Timeline:
     """The complete events and metadata of the trace files `members`, in order; what each
-    truncated one lost is said in `warnings`, and in `cut` too where given."""
+    truncated one lost is said in `warnings`, and in `truncated` too."""
     timeline = Timeline()
     said: list[str] = []
     for member in members:
@@ -134,8 +134,7 @@ def read_timeline(members: list[str], read: Reader, warnings: list[str],
             for lo in range(0, len(events), WHOLE_BATCH):
                 timeline.add(events[lo: lo + WHOLE_BATCH])
     warnings += said
-    if cut is not None:
-        cut += said
+    truncated += said
     timeline.finish()
     return timeline
 
